@@ -1,0 +1,12 @@
+"""The generation engine: one next-scale loop with hook slots (see DESIGN.md)."""
+
+from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
+from .loop import GenerationOptions, GenerationResult, NonFiniteLogitsError, generate
+from .policy import Policy
+from .sampling import SamplingConfig
+from .tracing import NULL_TRACER, Tracer
+
+__all__ = [
+    "GenerationInfo", "GenerationOptions", "GenerationResult", "GuidanceMode", "NonFiniteLogitsError", "Policy",
+    "SamplingConfig", "ScaleContext", "ScalePlan", "ScaleRecord", "Tracer", "NULL_TRACER", "generate",
+]

@@ -1,0 +1,119 @@
+"""The model-adapter seam: everything the loop needs from a model family, and nothing about methods.
+
+An adapter wraps one family's modules (VAR + VQVAE, Infinity + BSQ-VAE + text encoder) and exposes the
+steps of next-scale generation as small functions over an explicit, per-generation ``state`` object. The loop in
+``var_core.engine.loop`` owns control flow; the adapter owns tensor layout.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import torch
+
+from ..context import GuidanceMode
+from ..kvcache import KVCache
+from ..sampling import SamplingConfig
+
+
+def rows_for(guidance: GuidanceMode, batch_size: int) -> int:
+    return batch_size * (2 if guidance is GuidanceMode.BOTH else 1)
+
+
+def row_slice_after_drop(old: GuidanceMode, new: GuidanceMode, batch_size: int) -> slice:
+    """Rows of the old layout that survive a guidance change (cond rows come first in ``BOTH``)."""
+    if old is new:
+        return slice(None)
+    if old is GuidanceMode.BOTH and new is GuidanceMode.COND_ONLY:
+        return slice(0, batch_size)
+    if old is GuidanceMode.BOTH and new is GuidanceMode.UNCOND_ONLY:
+        return slice(batch_size, 2 * batch_size)
+    raise ValueError(
+        f"cannot switch guidance from {old.value} to {new.value}: the dropped rows' KV cache no longer exists"
+    )
+
+
+class ModelAdapter(ABC):
+    """One model family behind the loop. Implementations: ``VARAdapter`` (and ``InfinityAdapter``)."""
+
+    family: str = "abstract"
+    branches: tuple[str, ...] = ("attn", "ffn")
+
+    @property
+    @abstractmethod
+    def num_blocks(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def scale_hw(self) -> tuple[tuple[int, int], ...]: ...
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    @property
+    def num_scales(self) -> int:
+        return len(self.scale_hw)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(h * w for h, w in self.scale_hw)
+
+    def token_offsets(self) -> list[int]:
+        offsets, start = [], 0
+        for h, w in self.scale_hw:
+            offsets.append(start)
+            start += h * w
+        return offsets
+
+    @abstractmethod
+    def initial_guidance(self, sampling: SamplingConfig) -> GuidanceMode:
+        """Whether the unconditional rows are needed at all under these sampling settings."""
+
+    @abstractmethod
+    def begin(self, conditions: Any, guidance: GuidanceMode, sampling: SamplingConfig) -> Any:
+        """Encode the conditions (class labels / prompts) and return the per-generation state."""
+
+    def kv_cache(self) -> KVCache:
+        return KVCache(self.num_blocks, self.total_tokens)
+
+    @abstractmethod
+    def scale_input(self, state: Any, si: int) -> torch.Tensor:
+        """``[R, N, C]`` hidden input of scale ``si`` for the current row layout."""
+
+    @abstractmethod
+    def run_branch(
+        self, state: Any, si: int, block: int, branch: str, x_RnC: torch.Tensor, keep_Rn: torch.Tensor | None,
+        cache: KVCache, want_probs: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The residual-branch output for the given tokens (gates included), plus attention probabilities."""
+
+    @abstractmethod
+    def logits(self, state: Any, x_RNC: torch.Tensor) -> torch.Tensor:
+        """Head output ``[R, N, V]`` (also used for the logit lens on intermediate hidden states)."""
+
+    @abstractmethod
+    def guide(self, state: Any, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """Combine the CFG halves into ``[B, N, V]`` in the family's convention."""
+
+    @abstractmethod
+    def sample(self, guided_BNV: torch.Tensor, sampling: SamplingConfig,
+               generators: Sequence[torch.Generator] | None, shared_generator: torch.Generator | None) -> torch.Tensor:
+        """Draw this scale's tokens from the guided logits."""
+
+    @abstractmethod
+    def update_latent(self, state: Any, si: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Accumulate the sampled scale into the latent; returns the residual map at scale resolution."""
+
+    @abstractmethod
+    def decode(self, state: Any) -> torch.Tensor:
+        """Images ``[B, 3, H, W]`` in [0, 1] from the accumulated latent."""
+
+    @abstractmethod
+    def latent(self, state: Any) -> torch.Tensor:
+        """The accumulated latent (``f_hat`` for VAR)."""
+
+    @abstractmethod
+    def select_rows(self, state: Any, rows: slice, guidance: GuidanceMode) -> None:
+        """Drop CFG rows from the state (the loop slices the KV cache itself)."""

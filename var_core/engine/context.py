@@ -1,0 +1,128 @@
+"""What the generation loop tells its hooks: the per-scale context, the per-scale plan, the scale records.
+
+Everything here is read-only data. Hooks receive a :class:`ScaleContext` and return decisions
+(:class:`ScalePlan`, kept-token indices, restored tensors); they never mutate loop state. See DESIGN.md,
+"Hook slots".
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+
+class GuidanceMode(enum.Enum):
+    """Which rows of the classifier-free-guidance batch are still computed.
+
+    ``BOTH``: conditional rows ``[0, B)`` then unconditional rows ``[B, 2B)``. Once a scale runs with one
+    half only, the dropped half's KV cache is gone, so the loop refuses to go back to ``BOTH``.
+    """
+
+    BOTH = "both"
+    COND_ONLY = "cond_only"
+    UNCOND_ONLY = "uncond_only"
+    NONE = "none"  # the model never had an unconditional branch (e.g. Infinity with cfg == 1)
+
+    @property
+    def computes_cond(self) -> bool:
+        return self in (GuidanceMode.BOTH, GuidanceMode.COND_ONLY, GuidanceMode.NONE)
+
+    @property
+    def computes_uncond(self) -> bool:
+        return self in (GuidanceMode.BOTH, GuidanceMode.UNCOND_ONLY)
+
+
+@dataclass(frozen=True)
+class ScaleRecord:
+    """What a finished scale left behind (references to tensors the loop computed anyway; no copies).
+
+    Shapes use ``B`` for samples (not CFG rows). ``skipped`` scales carry ``None`` tensors.
+    """
+
+    scale_index: int
+    hw: tuple[int, int]
+    skipped: bool
+    guidance: GuidanceMode
+    tokens_BN: torch.Tensor | None = None  # sampled token ids (VAR) or packed bits (Infinity: [B, N, d])
+    residual_BChw: torch.Tensor | None = None  # this scale's quantised residual map, at scale resolution
+    guided_logits_BNV: torch.Tensor | None = None  # the logits the sampler saw (after guidance, before top-k/p)
+    raw_logits_RNV: torch.Tensor | None = None  # head output per computed row, before guidance
+    kept_tokens: tuple[tuple[int, ...], ...] = ()  # per block, per branch: tokens actually computed
+
+
+@dataclass(frozen=True)
+class GenerationInfo:
+    """Handed to ``Policy.start``: what a policy may need to size its per-generation state."""
+
+    batch_size: int
+    num_scales: int
+    num_blocks: int
+    branches: tuple[str, ...]
+    scale_hw: tuple[tuple[int, int], ...]
+    family: str
+    guidance: GuidanceMode
+    tracer: object  # a ``var_core.engine.tracing.Tracer``; components wrap their own work in its spans
+
+
+@dataclass(frozen=True)
+class ScaleContext:
+    """The per-scale view handed to every hook (DESIGN.md, seam 2)."""
+
+    scale_index: int
+    num_scales: int
+    hw: tuple[int, int]
+    token_offset: int  # position of this scale's first token in the full (all-scales) sequence
+    batch_size: int  # samples B
+    guidance: GuidanceMode  # rows computed at this scale
+    num_blocks: int
+    branches: tuple[str, ...]
+    family: str
+    history: tuple[ScaleRecord, ...]  # one record per earlier scale, in order
+
+    @property
+    def num_tokens(self) -> int:
+        return self.hw[0] * self.hw[1]
+
+    @property
+    def rows(self) -> int:
+        """Number of network batch rows at this scale (2B with both CFG halves)."""
+        return self.batch_size * (2 if self.guidance is GuidanceMode.BOTH else 1)
+
+    @property
+    def is_last(self) -> bool:
+        return self.scale_index == self.num_scales - 1
+
+    @property
+    def previous(self) -> ScaleRecord | None:
+        return self.history[-1] if self.history else None
+
+    def last_computed(self) -> ScaleRecord | None:
+        """The most recent earlier scale that was actually generated (not skipped)."""
+        for record in reversed(self.history):
+            if not record.skipped:
+                return record
+        return None
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """A policy's decision for one scale, and the costly observations it asks the loop to make.
+
+    ``stop`` ends generation before this scale (the image is decoded from what has accumulated);
+    ``skip`` leaves this scale out but continues with the next. ``guidance=None`` keeps the current mode.
+    ``prune`` tells the loop to call ``plan_block`` for every branch of every block (otherwise: dense).
+    """
+
+    stop: bool = False
+    skip: bool = False
+    guidance: GuidanceMode | None = None
+    prune: bool = False
+    attention_blocks: frozenset[int] = frozenset()  # blocks whose attention probabilities are observed
+    lens_blocks: frozenset[int] = frozenset()  # blocks whose output goes through the head (logit lens)
+    observe_blocks: bool = False  # call observe_block with each block's input and output
+    observe_branches: bool = False  # call observe_branch with each branch's full residual output
+
+
+DENSE_PLAN = ScalePlan()

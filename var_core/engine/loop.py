@@ -1,0 +1,181 @@
+"""THE next-scale generation loop, written once for every model family and every acceleration method.
+
+Control flow lives here and only here: policies return decisions through the hook slots of
+:class:`~var_core.engine.policy.Policy`, adapters do the family-specific tensor work, tracers time named spans.
+There is no method-specific code in this file: if a method needs a new kind of decision, add a slot (and a
+field to :class:`~var_core.engine.context.ScalePlan`), not a branch on a method name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .adapters.base import ModelAdapter, row_slice_after_drop
+from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
+from .policy import Policy, gather_tokens
+from .sampling import SamplingConfig
+from .tracing import NULL_TRACER, Tracer
+
+
+class NonFiniteLogitsError(FloatingPointError):
+    """Raised when a scale's logits contain NaN or inf (names the scale and the rows)."""
+
+
+@dataclass
+class GenerationResult:
+    """Images in [0, 1] plus everything the studies measure (tokens, latent, per-scale records)."""
+
+    images: torch.Tensor | None  # [B, 3, H, W]; None when decode=False
+    records: tuple[ScaleRecord, ...]
+    latent: torch.Tensor  # the accumulated f_hat (VAR) / summed codes (Infinity)
+    stopped_at: int | None = None  # index of the first scale not generated when a policy stopped early
+
+    @property
+    def tokens(self) -> list[torch.Tensor | None]:
+        return [r.tokens_BN for r in self.records]
+
+    def computed_tokens_per_scale(self) -> list[int]:
+        """Tokens computed per scale summed over blocks and branches (what FLOPs follow), per network row."""
+        return [sum(sum(branches) for branches in r.kept_tokens) for r in self.records]
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    check_finite: bool = True  # one reduction per scale; on GPU it synchronises (turn off for timing runs)
+    decode: bool = True
+    keep_raw_logits: bool = True  # raw per-row logits in each ScaleRecord (references, no copy)
+
+
+def _make_generators(seeds: Sequence[int] | None, batch_size: int, device: torch.device):
+    if seeds is None:
+        return None
+    seeds = list(seeds)
+    if len(seeds) != batch_size:
+        raise ValueError(f"got {len(seeds)} seeds for {batch_size} samples: give one seed per sample")
+    gen_device = device if device.type == "cuda" else torch.device("cpu")
+    return [torch.Generator(device=gen_device).manual_seed(int(s)) for s in seeds]
+
+
+@torch.inference_mode()
+def generate(
+    adapter: ModelAdapter,
+    conditions: Any,
+    seeds: Sequence[int] | None = None,
+    sampling: SamplingConfig = SamplingConfig(),
+    policy: Policy | None = None,
+    tracer: Tracer = NULL_TRACER,
+    options: GenerationOptions = GenerationOptions(),
+    shared_generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """Generate one batch.
+
+    Args:
+        conditions: class labels ``[B]`` (VAR) or prompts (Infinity), as the adapter expects.
+        seeds: one seed per sample, so a sample's result does not depend on the batch it is generated in.
+        shared_generator: instead of ``seeds``, one generator for the whole batch (official-code behaviour).
+        policy: the acceleration policy; ``None`` runs the plain algorithm.
+    """
+    policy = policy if policy is not None else Policy()
+    state = adapter.begin(conditions, adapter.initial_guidance(sampling), sampling)
+    B = state.batch_size
+    generators = None if shared_generator is not None else _make_generators(seeds, B, adapter.device)
+    guidance = state.guidance
+    branches = adapter.branches
+    offsets = adapter.token_offsets()
+    records: list[ScaleRecord] = []
+    stopped_at = None
+    policy.start(GenerationInfo(B, adapter.num_scales, adapter.num_blocks, branches, adapter.scale_hw,
+                                adapter.family, guidance, tracer))
+    try:
+        with adapter.kv_cache() as cache:
+            for si, hw in enumerate(adapter.scale_hw):
+                ctx = ScaleContext(si, adapter.num_scales, hw, offsets[si], B, guidance, adapter.num_blocks,
+                                   branches, adapter.family, tuple(records))
+                plan: ScalePlan = policy.plan_scale(ctx)
+                if plan.stop:
+                    stopped_at = si
+                    break
+                if plan.guidance is not None and plan.guidance is not guidance:
+                    rows = row_slice_after_drop(guidance, plan.guidance, B)
+                    cache.select_rows(rows)
+                    adapter.select_rows(state, rows, plan.guidance)
+                    guidance = plan.guidance
+                    ctx = ScaleContext(si, adapter.num_scales, hw, offsets[si], B, guidance, adapter.num_blocks,
+                                       branches, adapter.family, ctx.history)
+                if plan.skip:
+                    record = ScaleRecord(si, hw, skipped=True, guidance=guidance)
+                    records.append(record)
+                    policy.end_scale(ctx, record)
+                    continue
+                tracer.scale_begin(si)
+                record = _run_scale(adapter, state, ctx, plan, policy, cache, tracer, sampling, generators,
+                                    shared_generator, options)
+                tracer.scale_end(si)
+                records.append(record)
+                policy.end_scale(ctx, record)
+        images = None
+        if options.decode:
+            with tracer.span("vq_decode"):
+                images = adapter.decode(state)
+    finally:
+        policy.end()
+    return GenerationResult(images, tuple(records), adapter.latent(state), stopped_at)
+
+
+def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Policy, cache, tracer: Tracer,
+               sampling: SamplingConfig, generators, shared_generator, options: GenerationOptions) -> ScaleRecord:
+    si = ctx.scale_index
+    with tracer.span("embed", si):
+        x_RNC = adapter.scale_input(state, si)
+    kept_counts: list[tuple[int, ...]] = []
+    for block in range(ctx.num_blocks):
+        x_in_RNC = x_RNC
+        want_probs = block in plan.attention_blocks
+        counts = []
+        for branch in ctx.branches:
+            keep_Rn = None
+            if plan.prune:
+                with tracer.span("plan", si, block):
+                    keep_Rn = policy.plan_block(ctx, block, branch, x_RNC)
+            tokens_in = x_RNC if keep_Rn is None else gather_tokens(x_RNC, keep_Rn)
+            with tracer.span(branch, si, block):
+                out, probs = adapter.run_branch(state, si, block, branch, tokens_in, keep_Rn, cache,
+                                                want_probs and branch == "attn")
+            if probs is not None:
+                policy.observe_attention(ctx, block, probs, keep_Rn)
+            if keep_Rn is not None:
+                with tracer.span("restore", si, block):
+                    out = policy.restore(ctx, block, branch, out, keep_Rn, x_RNC)
+            if plan.observe_branches:
+                policy.observe_branch(ctx, block, branch, out)
+            x_RNC = x_RNC + out
+            counts.append(tokens_in.shape[1])
+        kept_counts.append(tuple(counts))
+        if plan.observe_blocks:
+            policy.observe_block(ctx, block, x_in_RNC, x_RNC)
+        if block in plan.lens_blocks:
+            with tracer.span("lens", si, block):
+                policy.observe_lens(ctx, block, adapter.logits(state, x_RNC))
+    with tracer.span("head", si):
+        raw_logits_RNV = adapter.logits(state, x_RNC)
+    if options.check_finite and not bool(torch.isfinite(raw_logits_RNV).all()):
+        bad_rows = (~torch.isfinite(raw_logits_RNV)).flatten(1).any(1).nonzero().flatten().tolist()
+        raise NonFiniteLogitsError(
+            f"non-finite logits at scale {si} (index from 0, {ctx.hw[0]}x{ctx.hw[1]} tokens) in network rows "
+            f"{bad_rows} (guidance {ctx.guidance.value}); check the weights (a mis-loaded checkpoint often shows "
+            f"up here) and the dtype (fp16 overflows: try bf16 or fp32)"
+        )
+    policy.observe_logits(ctx, raw_logits_RNV)
+    with tracer.span("sampling", si):
+        guided_BNV = adapter.guide(state, si, raw_logits_RNV, sampling)
+        tokens = adapter.sample(guided_BNV, sampling, generators, shared_generator)
+    with tracer.span("latent_update", si):
+        residual = adapter.update_latent(state, si, tokens)
+    return ScaleRecord(
+        si, ctx.hw, skipped=False, guidance=ctx.guidance, tokens_BN=tokens, residual_BChw=residual,
+        guided_logits_BNV=guided_BNV, raw_logits_RNV=raw_logits_RNV if options.keep_raw_logits else None,
+        kept_tokens=tuple(kept_counts),
+    )

@@ -1,0 +1,92 @@
+"""The hook-slot protocol between the generation loop and an acceleration policy.
+
+A policy returns decisions; the loop applies them. Slots (DESIGN.md, "Hook slots"):
+
+=====================  ==========================================  =========================================
+slot                   when                                        returns
+=====================  ==========================================  =========================================
+``start`` / ``end``    once per generation                         nothing (reset per-generation state)
+``plan_scale``         before scale k                              :class:`ScalePlan`
+``plan_block``         before each branch of block l (if pruning)  kept indices ``[R, n]`` (int64) or None
+``observe_attention``  inside block l, if declared in the plan     nothing
+``restore``            after a branch ran on kept tokens           the full ``[R, N, C]`` branch output
+``observe_branch``     after each branch, if declared              nothing
+``observe_block``      after each block, if declared               nothing
+``observe_lens``       after each declared block (logit lens)      nothing
+``observe_logits``     after scale k's head output                 nothing
+``end_scale``          after sampling and latent update            nothing
+=====================  ==========================================  =========================================
+
+``R`` is the number of network rows at the scale (``2B`` with both CFG halves: conditional rows first).
+Kept indices must be sorted per row and may differ between rows, but every row keeps the same count ``n``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .context import DENSE_PLAN, GenerationInfo, ScaleContext, ScalePlan, ScaleRecord
+
+
+class Policy:
+    """Base class: every slot does nothing, so the loop runs dense, bit-identical to the plain algorithm."""
+
+    name = "baseline"
+
+    def start(self, info: GenerationInfo) -> None:
+        """Reset all per-generation state here."""
+
+    def end(self) -> None:
+        """Release per-generation state."""
+
+    def plan_scale(self, ctx: ScaleContext) -> ScalePlan:
+        return DENSE_PLAN
+
+    def plan_block(self, ctx: ScaleContext, block: int, branch: str, x_RNC: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def observe_attention(self, ctx: ScaleContext, block: int, probs_RHnL: torch.Tensor, keep_Rn: torch.Tensor | None) -> None:
+        """``probs`` are the attention probabilities of the computed queries over all cached keys."""
+
+    def restore(
+        self,
+        ctx: ScaleContext,
+        block: int,
+        branch: str,
+        out_kept_RnC: torch.Tensor,
+        keep_Rn: torch.Tensor,
+        x_RNC: torch.Tensor,
+    ) -> torch.Tensor:
+        """Fill the pruned slots of a branch output. Default: zero (pruned tokens pass through unchanged)."""
+        return scatter_into_zeros(out_kept_RnC, keep_Rn, x_RNC.shape[1])
+
+    def observe_branch(self, ctx: ScaleContext, block: int, branch: str, out_RNC: torch.Tensor) -> None:
+        pass
+
+    def observe_block(self, ctx: ScaleContext, block: int, x_in_RNC: torch.Tensor, x_out_RNC: torch.Tensor) -> None:
+        pass
+
+    def observe_lens(self, ctx: ScaleContext, block: int, logits_RNV: torch.Tensor) -> None:
+        pass
+
+    def observe_logits(self, ctx: ScaleContext, raw_logits_RNV: torch.Tensor) -> None:
+        pass
+
+    def end_scale(self, ctx: ScaleContext, record: ScaleRecord) -> None:
+        pass
+
+
+def gather_tokens(x_RNC: torch.Tensor, keep_Rn: torch.Tensor) -> torch.Tensor:
+    """``x[r, keep[r]]`` for every row: ``[R, n, C]``."""
+    return torch.gather(x_RNC, 1, keep_Rn.unsqueeze(-1).expand(-1, -1, x_RNC.shape[-1]))
+
+
+def scatter_into_zeros(out_kept_RnC: torch.Tensor, keep_Rn: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    R, _, C = out_kept_RnC.shape
+    full = out_kept_RnC.new_zeros(R, num_tokens, C)
+    return full.scatter_(1, keep_Rn.unsqueeze(-1).expand(-1, -1, C), out_kept_RnC)
+
+
+def scatter_into(base_RNC: torch.Tensor, out_kept_RnC: torch.Tensor, keep_Rn: torch.Tensor) -> torch.Tensor:
+    """A copy of ``base`` with the kept slots replaced by the freshly computed outputs."""
+    return base_RNC.clone().scatter_(1, keep_Rn.unsqueeze(-1).expand(-1, -1, base_RNC.shape[-1]), out_kept_RnC)
