@@ -2,11 +2,11 @@
 
 from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
 from .loop import GenerationOptions, GenerationResult, NonFiniteLogitsError, generate
-from .policy import Policy
+from .policy import Policy, TokenSelection, pad_ragged_selection
 from .sampling import SamplingConfig
 from .tracing import NULL_TRACER, Tracer
 
 __all__ = [
     "GenerationInfo", "GenerationOptions", "GenerationResult", "GuidanceMode", "NonFiniteLogitsError", "Policy",
-    "SamplingConfig", "ScaleContext", "ScalePlan", "ScaleRecord", "Tracer", "NULL_TRACER", "generate",
+    "SamplingConfig", "TokenSelection", "pad_ragged_selection", "ScaleContext", "ScalePlan", "ScaleRecord", "Tracer", "NULL_TRACER", "generate",
 ]

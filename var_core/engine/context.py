@@ -123,6 +123,9 @@ class ScalePlan:
     lens_blocks: frozenset[int] = frozenset()  # blocks whose output goes through the head (logit lens)
     observe_blocks: bool = False  # call observe_block with each block's input and output
     observe_branches: bool = False  # call observe_branch with each branch's full residual output
+    # Per-sample guidance stop while the batch still computes both halves (bool [B]); a policy switches
+    # ``guidance`` to COND_ONLY (a physical row drop, which saves compute) once every sample agrees.
+    cond_only_B: torch.Tensor | None = None
 
 
 DENSE_PLAN = ScalePlan()

@@ -15,7 +15,7 @@ import torch
 
 from .adapters.base import ModelAdapter, row_slice_after_drop
 from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
-from .policy import Policy, gather_tokens
+from .policy import Policy, TokenSelection, gather_tokens
 from .sampling import SamplingConfig
 from .tracing import NULL_TRACER, Tracer
 
@@ -136,13 +136,17 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         want_probs = block in plan.attention_blocks
         counts = []
         for branch in ctx.branches:
-            keep_Rn = None
+            keep_Rn = valid_Rn = None
             if plan.prune:
                 with tracer.span("plan", si, block):
-                    keep_Rn = policy.plan_block(ctx, block, branch, x_RNC)
+                    selection = policy.plan_block(ctx, block, branch, x_RNC)
+                if isinstance(selection, TokenSelection):
+                    keep_Rn, valid_Rn = selection.index_Rn, selection.valid_Rn
+                else:
+                    keep_Rn = selection
             tokens_in = x_RNC if keep_Rn is None else gather_tokens(x_RNC, keep_Rn)
             with tracer.span(branch, si, block):
-                out, probs = adapter.run_branch(state, si, block, branch, tokens_in, keep_Rn, cache,
+                out, probs = adapter.run_branch(state, si, block, branch, tokens_in, keep_Rn, valid_Rn, cache,
                                                 want_probs and branch == "attn")
             if probs is not None:
                 policy.observe_attention(ctx, block, probs, keep_Rn)
@@ -170,7 +174,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         )
     policy.observe_logits(ctx, raw_logits_RNV)
     with tracer.span("sampling", si):
-        guided_BNV = adapter.guide(state, si, raw_logits_RNV, sampling)
+        guided_BNV = adapter.guide(state, si, raw_logits_RNV, sampling, plan.cond_only_B)
         tokens = adapter.sample(guided_BNV, sampling, generators, shared_generator)
     with tracer.span("latent_update", si):
         residual = adapter.update_latent(state, si, tokens)

@@ -23,9 +23,33 @@ Kept indices must be sorted per row and may differ between rows, but every row k
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .context import DENSE_PLAN, GenerationInfo, ScaleContext, ScalePlan, ScaleRecord
+
+
+class TokenSelection(NamedTuple):
+    """A ragged kept-token plan: rows keeping fewer tokens are padded to the common count ``n``.
+
+    Padding entries must repeat a kept index of their row (so gathers and scatters stay exact) and are marked
+    False in ``valid_Rn``; the loop masks them out of attention (and the KV cache), so a sample's result does
+    not depend on what the other rows of its batch keep.
+    """
+
+    index_Rn: torch.Tensor
+    valid_Rn: torch.Tensor | None
+
+
+def pad_ragged_selection(keep_lists: list[torch.Tensor]) -> TokenSelection | torch.Tensor:
+    """Stack per-row sorted index tensors of different lengths into a :class:`TokenSelection`."""
+    n_max = max(k.numel() for k in keep_lists)
+    if all(k.numel() == n_max for k in keep_lists):
+        return torch.stack(keep_lists)
+    index = torch.stack([torch.cat((k, k[-1:].expand(n_max - k.numel()))) for k in keep_lists])
+    valid = torch.stack([torch.arange(n_max, device=k.device) < k.numel() for k in keep_lists])
+    return TokenSelection(index, valid)
 
 
 class Policy:
@@ -42,7 +66,9 @@ class Policy:
     def plan_scale(self, ctx: ScaleContext) -> ScalePlan:
         return DENSE_PLAN
 
-    def plan_block(self, ctx: ScaleContext, block: int, branch: str, x_RNC: torch.Tensor) -> torch.Tensor | None:
+    def plan_block(self, ctx: ScaleContext, block: int, branch: str, x_RNC: torch.Tensor
+                   ) -> torch.Tensor | TokenSelection | None:
+        """Kept token indices ``[R, n]`` (sorted per row) for this branch, a ragged TokenSelection, or None."""
         return None
 
     def observe_attention(self, ctx: ScaleContext, block: int, probs_RHnL: torch.Tensor, keep_Rn: torch.Tensor | None) -> None:

@@ -317,10 +317,12 @@ def _gen_wood_grain(rng: np.random.Generator, size: int) -> np.ndarray:
     if rng.random() < 0.3:  # ring centre inside/near the image (knot-like)
         cx, cy = rng.uniform(-1.5, 1.5, size=2)
         u = np.sqrt((xx - cx) ** 2 + (yy - cy) ** 2)
-    warp = rng.uniform(0.03, 0.25) * _smooth_noise(rng, size, rng.uniform(8.0, 16.0) * px)
     # cycles per unit length (image width = 2 units); <= 8 keeps the period
-    # >= 4 px so the rings never alias into moire
+    # >= 4 px, and capping warp * freq keeps the local ring frequency of the
+    # warped pattern low enough that it never aliases into moire
     freq = rng.uniform(2.5, 8.0)
+    warp_amp = rng.uniform(0.02, min(0.2, 0.5 / freq))
+    warp = warp_amp * _smooth_noise(rng, size, rng.uniform(9.0, 16.0) * px)
     t = 0.5 + 0.5 * np.sin(2.0 * math.pi * freq * (u + warp) + rng.uniform(0, 2 * math.pi))
     t = t ** rng.uniform(1.0, 4.0)  # >1: thin dark-to-light lines
     t = t + rng.uniform(0.03, 0.12) * _smooth_noise(rng, size, 0.6 * px)

@@ -85,17 +85,25 @@ class ModelAdapter(ABC):
     @abstractmethod
     def run_branch(
         self, state: Any, si: int, block: int, branch: str, x_RnC: torch.Tensor, keep_Rn: torch.Tensor | None,
-        cache: KVCache, want_probs: bool,
+        valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The residual-branch output for the given tokens (gates included), plus attention probabilities."""
+        """The residual-branch output for the given tokens (gates included), plus attention probabilities.
+
+        ``keep_Rn``: the tokens' positions within the scale (None: all, in order). ``valid_Rn``: False marks
+        padding of a ragged selection; padded keys must be excluded from attention (``KVCache.append`` returns
+        the bias to use)."""
 
     @abstractmethod
     def logits(self, state: Any, x_RNC: torch.Tensor) -> torch.Tensor:
         """Head output ``[R, N, V]`` (also used for the logit lens on intermediate hidden states)."""
 
     @abstractmethod
-    def guide(self, state: Any, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        """Combine the CFG halves into ``[B, N, V]`` in the family's convention."""
+    def guide(self, state: Any, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig,
+              cond_only_B: torch.Tensor | None = None) -> torch.Tensor:
+        """Combine the CFG halves into ``[B, N, V]`` in the family's convention.
+
+        ``cond_only_B`` (bool ``[B]``): samples that use their conditional logits alone although the batch still
+        computes both halves (per-sample guidance stopping; outputs equal those of a physical row drop)."""
 
     @abstractmethod
     def sample(self, guided_BNV: torch.Tensor, sampling: SamplingConfig,

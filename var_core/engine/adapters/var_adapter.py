@@ -103,7 +103,7 @@ class VARAdapter(ModelAdapter):
         return x_BNC.repeat(2, 1, 1) if state.guidance is GuidanceMode.BOTH else x_BNC
 
     def run_branch(self, state: VARState, si: int, block: int, branch: str, x_RnC: torch.Tensor,
-                   keep_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool):
+                   keep_Rn: torch.Tensor | None, valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool):
         blk = self.var.blocks[block]
         mods = state.modulations[block]
         if branch == "ffn":
@@ -111,19 +111,23 @@ class VARAdapter(ModelAdapter):
         if branch != "attn":
             raise ValueError(f"VAR blocks have branches 'attn' and 'ffn', not {branch!r}")
         q, k, v = blk.attn.project_qkv(blk.attn_input(x_RnC, mods))
-        k_all, v_all = cache.append(block, k, v)
-        out, probs = blk.attn.attend(q, k_all, v_all, None, return_probs=want_probs)
+        k_all, v_all, key_bias = cache.append(block, k, v, valid_Rn)
+        out, probs = blk.attn.attend(q, k_all, v_all, key_bias, return_probs=want_probs)
         return blk.attn_output(out, mods), probs
 
     def logits(self, state: VARState, x_RNC: torch.Tensor) -> torch.Tensor:
         return self.var.logits(x_RNC, state.cond_RD)
 
-    def guide(self, state: VARState, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    def guide(self, state: VARState, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig,
+              cond_only_B: torch.Tensor | None = None) -> torch.Tensor:
         if state.guidance is not GuidanceMode.BOTH:
             return logits_RNV  # one half only: its logits are used as they are
         B = state.batch_size
         t = sampling.cfg * si / max(1, self.num_scales - 1)
-        return (1 + t) * logits_RNV[:B] - t * logits_RNV[B:]
+        guided = (1 + t) * logits_RNV[:B] - t * logits_RNV[B:]
+        if cond_only_B is not None:  # samples whose guidance a policy stopped while others still use it
+            guided = torch.where(cond_only_B.view(B, 1, 1), logits_RNV[:B], guided)
+        return guided
 
     def sample(self, guided_BNV, sampling, generators, shared_generator):
         return draw_categorical(guided_BNV, sampling, generators, shared_generator)

@@ -1,0 +1,198 @@
+"""Component base classes (one per kind) and the per-generation signal board they share.
+
+A policy is composed of one component of each kind (DESIGN.md, seam 3):
+
+* :class:`Scorer` — per-token importance ``[R, N]`` or ``[B, N]`` (higher = keep);
+* :class:`Activation` — per sample, whether acceleration is active at this scale;
+* :class:`Schedule` — the linkage: how many tokens each row keeps at this (scale, block, branch);
+* :class:`Restorer` — what the pruned slots of a residual-branch output receive;
+* :class:`Guidance` — CFG kept / stopped (fixed or adaptive) / null-only;
+* :class:`ScaleSkip` — whole scales left out.
+
+Components never call each other. What one computes and another reads (scale entropies, the activation scale,
+attention entropies, layer entropies) goes through :class:`Signals`, which is reset at every ``start``.
+Each component declares the costly observations it needs (attention probabilities of some blocks, the logit
+lens, branch outputs); the composed policy asks the loop for exactly the union of those declarations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from ..engine.context import GenerationInfo, GuidanceMode, ScaleContext, ScaleRecord
+from .entropy import predictive_entropy
+from .knobs import ComponentConfig
+
+
+@dataclass
+class Signals:
+    """Per-generation shared measurements. Keys are 0-indexed scale numbers ``si`` and block numbers."""
+
+    info: GenerationInfo
+    # predictive entropy of the distribution actually sampled at each finished scale, [B, N] (lazy, cached)
+    _token_entropy: dict[int, torch.Tensor] = field(default_factory=dict)
+    records: dict[int, ScaleRecord] = field(default_factory=dict)
+    # first accelerated scale per sample (int64 [B]; num_scales = never), written by the Activation
+    activation_scale_B: torch.Tensor | None = None
+    # head-averaged attention entropy per query of (scale, block): [R, n] over the computed queries
+    attention_entropy: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # logit-lens token entropy of (scale, block): [B, N] (or [R, N])
+    lens_entropy: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # free-form per-component scratch (namespaced by component name) for diagnostics the studies report
+    extras: dict[str, object] = field(default_factory=dict)
+
+    def token_entropy(self, si: int) -> torch.Tensor | None:
+        """``[B, N]`` predictive entropy of scale ``si``'s guided logits (None if skipped / not yet run)."""
+        if si not in self._token_entropy:
+            record = self.records.get(si)
+            if record is None or record.skipped or record.guided_logits_BNV is None:
+                return None
+            self._token_entropy[si] = predictive_entropy(record.guided_logits_BNV, self.info.family)
+        return self._token_entropy[si]
+
+    def token_entropy_map(self, si: int) -> torch.Tensor | None:
+        """``[B, h, w]`` version of :meth:`token_entropy`."""
+        ent = self.token_entropy(si)
+        if ent is None:
+            return None
+        h, w = self.info.scale_hw[si]
+        return ent.view(ent.shape[0], h, w)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Costly observations a component asks the loop for at one scale."""
+
+    attention_blocks: frozenset[int] = frozenset()
+    lens_blocks: frozenset[int] = frozenset()
+    block_io: bool = False
+    branch_outputs: bool = False
+    logits: bool = False
+
+    def __or__(self, other: "Needs") -> "Needs":
+        return Needs(self.attention_blocks | other.attention_blocks, self.lens_blocks | other.lens_blocks,
+                     self.block_io or other.block_io, self.branch_outputs or other.branch_outputs,
+                     self.logits or other.logits)
+
+
+NO_NEEDS = Needs()
+
+
+class Component:
+    """Base of every component: holds its frozen config; every hook defaults to doing nothing."""
+
+    kind: ClassVar[str] = "?"
+    name: ClassVar[str] = "?"
+
+    @dataclass(frozen=True)
+    class Config(ComponentConfig):
+        pass
+
+    def __init__(self, config: "Component.Config | None" = None):
+        self.config = config if config is not None else type(self).Config()
+        if not isinstance(self.config, type(self).Config):
+            raise TypeError(f"{self.kind} {self.name!r} expects {type(self).Config.__qualname__}, "
+                            f"got {type(self.config).__qualname__}")
+
+    # lifecycle ------------------------------------------------------------------------------------------
+    def start(self, info: GenerationInfo, signals: Signals) -> None:
+        """Reset per-generation state (called before every generation)."""
+
+    def needs(self, ctx: ScaleContext, signals: Signals) -> Needs:
+        return NO_NEEDS
+
+    # observations (called only when declared in ``needs``) ----------------------------------------------
+    def observe_attention(self, ctx: ScaleContext, block: int, probs_RHnL: torch.Tensor,
+                          keep_Rn: torch.Tensor | None, signals: Signals) -> None:
+        pass
+
+    def observe_lens(self, ctx: ScaleContext, block: int, logits_RNV: torch.Tensor, signals: Signals) -> None:
+        pass
+
+    def observe_block(self, ctx: ScaleContext, block: int, x_in_RNC: torch.Tensor, x_out_RNC: torch.Tensor,
+                      signals: Signals) -> None:
+        pass
+
+    def observe_branch(self, ctx: ScaleContext, block: int, branch: str, out_RNC: torch.Tensor,
+                       signals: Signals) -> None:
+        pass
+
+    def observe_logits(self, ctx: ScaleContext, raw_logits_RNV: torch.Tensor, signals: Signals) -> None:
+        pass
+
+    def end_scale(self, ctx: ScaleContext, record: ScaleRecord, signals: Signals) -> None:
+        pass
+
+
+class Scorer(Component):
+    """Per-token importance; higher scores are kept."""
+
+    def score(self, ctx: ScaleContext, block: int, branch: str, x_RNC: torch.Tensor, signals: Signals
+              ) -> torch.Tensor:
+        """``[R, N]`` (one score per network row) or ``[B, N]`` (one per sample, shared by its CFG rows)."""
+        raise NotImplementedError
+
+
+class Activation(Component):
+    """Decides per sample from which scale on acceleration is active."""
+
+    def active_B(self, ctx: ScaleContext, signals: Signals) -> torch.Tensor:
+        """bool ``[B]``: acceleration active for each sample at this scale."""
+        raise NotImplementedError
+
+
+class Schedule(Component):
+    """The linkage: kept-token counts per row at a (scale, block, branch)."""
+
+    def prunes_scale(self, ctx: ScaleContext, signals: Signals) -> bool:
+        """Whether this schedule may prune anything at this scale (cheap; decides the loop's fast path)."""
+        return True
+
+    def keep_counts(self, ctx: ScaleContext, block: int, branch: str, scores_RN: torch.Tensor,
+                    signals: Signals) -> torch.Tensor | None:
+        """int64 ``[R]`` tokens to keep per row (N = dense), or None for a dense block."""
+        raise NotImplementedError
+
+
+class Restorer(Component):
+    """Fills the pruned slots of a residual-branch output."""
+
+    def forced_keep(self, ctx: ScaleContext, signals: Signals) -> torch.Tensor | None:
+        """bool ``[N]`` of tokens that must always be computed (e.g. SparseVAR anchors), or None."""
+        return None
+
+    def restore(self, ctx: ScaleContext, block: int, branch: str, out_kept_RnC: torch.Tensor,
+                keep_Rn: torch.Tensor, x_RNC: torch.Tensor, signals: Signals) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class GuidanceDecision:
+    mode: GuidanceMode | None = None  # physical row layout from this scale on (None: unchanged)
+    cond_only_B: torch.Tensor | None = None  # per-sample logical stop while rows are still computed
+
+
+KEEP_GUIDANCE = GuidanceDecision()
+
+
+class Guidance(Component):
+    """Classifier-free guidance policy: which CFG halves are computed and used at each scale."""
+
+    def decide(self, ctx: ScaleContext, signals: Signals) -> GuidanceDecision:
+        return KEEP_GUIDANCE
+
+
+@dataclass(frozen=True)
+class SkipDecision:
+    stop: bool = False  # end generation here and decode what has accumulated
+    skip: bool = False  # leave this scale out, continue with the next
+
+
+class ScaleSkip(Component):
+    """Whole-scale skipping (100 % pruning of a scale)."""
+
+    def decide(self, ctx: ScaleContext, signals: Signals) -> SkipDecision:
+        return SkipDecision()

@@ -1,0 +1,1 @@
+"""guidance components (one per file; importing the package registers nothing until a registry loads it)."""

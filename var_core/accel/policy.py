@@ -1,0 +1,259 @@
+"""The composed acceleration policy: one component of each kind, wired onto the engine's hook slots.
+
+``PolicyConfig`` is the complete, hashable description of a method (its components' configs plus a few
+policy-level options); ``build_policy`` turns it into an :class:`AccelPolicy`, which implements
+:class:`var_core.engine.Policy`. Presets (``presets.py``) and ablation arms are functions returning
+``PolicyConfig`` objects that differ in exactly the component being studied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..engine.context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
+from ..engine.policy import Policy, TokenSelection
+from .base import Component, Needs, Signals
+from .knobs import Range, knob
+from .registry import REGISTRIES
+
+COMPONENT_KINDS = ("scorer", "activation", "schedule", "restorer", "guidance", "skip")
+
+
+def component_config(kind: str, name: str, **params):
+    """The ``Config`` of a registered component, built (and validated) from keyword parameters."""
+    cls = REGISTRIES[kind].get(name)
+    known = {f.name for f in dataclasses.fields(cls.Config)}
+    unknown = set(params) - known
+    if unknown:
+        raise ValueError(f"{kind} {name!r} has no option(s) {sorted(unknown)}; its options are {sorted(known)}")
+    return cls.Config(**params)
+
+
+def _default(kind: str, name: str):
+    return field(default_factory=lambda: component_config(kind, name))
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """A whole acceleration method. ``name`` is a label only; behaviour comes from the fields."""
+
+    name: str = "baseline"
+    scorer: Any = _default("scorer", "random")
+    activation: Any = _default("activation", "never")
+    schedule: Any = _default("schedule", "fixed_table")
+    restorer: Any = _default("restorer", "identity")
+    guidance: Any = _default("guidance", "full")
+    skip: Any = _default("skip", "none")
+    cfg_rows: str = knob("shared", "how CFG rows choose tokens: 'shared' = the conditional row's choice is used "
+                         "by both halves (keeps CFG rows aligned; NOVA, LD-Pruning), 'per_row' = each row selects "
+                         "on its own scores (FastVAR's code)", choices=("shared", "per_row"))
+    granularity: str = knob("block", "select tokens once per block ('block', reused by every branch) or before "
+                            "every sub-layer ('branch', as FastVAR re-selects before SA, CA and FFN)",
+                            choices=("block", "branch"))
+    exempt_first_blocks: int = knob(0, "blocks at the start that are never pruned (FastVAR's Infinity code: 3)",
+                                    low=0)
+    exempt_last_blocks: int = knob(0, "blocks at the end that are never pruned (FastVAR's Infinity code: 4)", low=0)
+    min_keep: int = knob(1, "smallest number of tokens any pruned branch keeps per row", low=1)
+
+    def __post_init__(self) -> None:
+        for kind in COMPONENT_KINDS:
+            value = getattr(self, kind)
+            if getattr(type(value), "component_kind", None) != kind:
+                raise TypeError(f"PolicyConfig.{kind} must be a {kind} component Config, got {type(value).__name__}")
+        from .knobs import validate_plain
+
+        validate_plain(self, "policy")
+
+    def components(self) -> dict[str, Any]:
+        return {kind: getattr(self, kind) for kind in COMPONENT_KINDS}
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"name": self.name}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in COMPONENT_KINDS:
+                out[f.name] = value.to_dict()
+            elif f.name != "name":
+                out[f.name] = value
+        return out
+
+    def config_hash(self) -> str:
+        """Hash of the behaviour-defining content (the label ``name`` is excluded)."""
+        content = {k: v for k, v in self.to_dict().items() if k != "name"}
+        return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    @staticmethod
+    def from_dict(data: dict) -> "PolicyConfig":
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in COMPONENT_KINDS:
+                params = dict(value)
+                name = params.pop("name")
+                params = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+                kwargs[key] = component_config(key, name, **params)
+            else:
+                kwargs[key] = value
+        return PolicyConfig(**kwargs)
+
+    def replace_component(self, kind: str, name: str, **params) -> "PolicyConfig":
+        return dataclasses.replace(self, **{kind: component_config(kind, name, **params)})
+
+
+class AccelPolicy(Policy):
+    """Runs a :class:`PolicyConfig` through the engine's slots. Per-generation state lives in ``signals``."""
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self.name = config.name
+        self.parts: dict[str, Component] = {
+            kind: REGISTRIES[kind].get(cfg.component_name)(cfg) for kind, cfg in config.components().items()
+        }
+        self.scorer = self.parts["scorer"]
+        self.activation = self.parts["activation"]
+        self.schedule = self.parts["schedule"]
+        self.restorer = self.parts["restorer"]
+        self.guidance = self.parts["guidance"]
+        self.skip = self.parts["skip"]
+        self.signals: Signals | None = None
+        self._tracer = None
+        self._active_B: torch.Tensor | None = None
+        self._block_selection: dict[int, Any] = {}
+        self.history: list[dict] = []  # per-scale diagnostics of the last generation
+
+    # lifecycle -----------------------------------------------------------------------------------------
+    def start(self, info: GenerationInfo) -> None:
+        self.signals = Signals(info)
+        self._tracer = info.tracer
+        self.history = []
+        for part in self.parts.values():
+            part.start(info, self.signals)
+
+    def end(self) -> None:
+        pass  # signals are kept until the next start so studies can read diagnostics
+
+    def _span(self, kind: str, si: int | None = None, block: int | None = None):
+        return self._tracer.span(f"accel/{kind}", si, block)
+
+    # slots ----------------------------------------------------------------------------------------------
+    def plan_scale(self, ctx: ScaleContext) -> ScalePlan:
+        signals = self.signals
+        with self._span("skip", ctx.scale_index):
+            skip = self.skip.decide(ctx, signals)
+        if skip.stop or skip.skip:
+            self.history.append(dict(scale=ctx.scale_index, stop=skip.stop, skip=skip.skip))
+            return ScalePlan(stop=skip.stop, skip=skip.skip)
+        with self._span("guidance", ctx.scale_index):
+            decision = self.guidance.decide(ctx, signals)
+        with self._span("activation", ctx.scale_index):
+            active_B = self.activation.active_B(ctx, signals)
+        self._active_B = active_B
+        self._block_selection = {}
+        prune = bool(active_B.any()) and self.schedule.prunes_scale(ctx, signals)
+        needs = Needs()
+        for part in self.parts.values():
+            needs = needs | part.needs(ctx, signals)
+        self.history.append(dict(scale=ctx.scale_index, prune=prune, active=int(active_B.sum()),
+                                 guidance=(decision.mode or ctx.guidance).value))
+        return ScalePlan(
+            guidance=decision.mode, prune=prune, attention_blocks=needs.attention_blocks,
+            lens_blocks=needs.lens_blocks, observe_blocks=needs.block_io, observe_branches=needs.branch_outputs,
+            cond_only_B=decision.cond_only_B,
+        )
+
+    def plan_block(self, ctx: ScaleContext, block: int, branch: str, x_RNC: torch.Tensor):
+        cfg = self.config
+        if block < cfg.exempt_first_blocks or block >= ctx.num_blocks - cfg.exempt_last_blocks:
+            return None
+        if cfg.granularity == "block" and block in self._block_selection:
+            return self._block_selection[block]
+        with self._span("scorer", ctx.scale_index, block):
+            scores = self.scorer.score(ctx, block, branch, x_RNC, self.signals)
+        selection = self._select(ctx, block, branch, scores, x_RNC.shape[0])
+        if cfg.granularity == "block":
+            self._block_selection[block] = selection
+        return selection
+
+    def _select(self, ctx: ScaleContext, block: int, branch: str, scores: torch.Tensor, rows: int):
+        B, N = ctx.batch_size, ctx.num_tokens
+        scores = scores.float()
+        if scores.shape[0] == rows and rows != B and self.config.cfg_rows == "shared":
+            scores = scores[:B]
+        if scores.shape[0] != rows:
+            scores = scores.repeat(rows // scores.shape[0], 1)
+        forced = self.restorer.forced_keep(ctx, self.signals)
+        if forced is not None:
+            scores = scores.masked_fill(forced.view(1, N), float("inf"))
+        with self._span("schedule", ctx.scale_index, block):
+            counts = self.schedule.keep_counts(ctx, block, branch, scores, self.signals)
+        if counts is None:
+            return None
+        active_R = self._active_B.repeat(rows // B)
+        floor = max(self.config.min_keep, int(forced.sum()) if forced is not None else 0)
+        counts = torch.where(active_R, counts.clamp(min=min(floor, N), max=N), torch.full_like(counts, N))
+        n_max = int(counts.max())
+        if n_max >= N and bool((counts >= N).all()):
+            return None
+        return top_tokens(scores, counts, n_max)
+
+    def observe_attention(self, ctx, block, probs_RHnL, keep_Rn):
+        for part in self.parts.values():
+            part.observe_attention(ctx, block, probs_RHnL, keep_Rn, self.signals)
+
+    def restore(self, ctx, block, branch, out_kept_RnC, keep_Rn, x_RNC):
+        with self._span("restorer", ctx.scale_index, block):
+            return self.restorer.restore(ctx, block, branch, out_kept_RnC, keep_Rn, x_RNC, self.signals)
+
+    def observe_branch(self, ctx, block, branch, out_RNC):
+        for part in self.parts.values():
+            part.observe_branch(ctx, block, branch, out_RNC, self.signals)
+
+    def observe_block(self, ctx, block, x_in_RNC, x_out_RNC):
+        for part in self.parts.values():
+            part.observe_block(ctx, block, x_in_RNC, x_out_RNC, self.signals)
+
+    def observe_lens(self, ctx, block, logits_RNV):
+        for part in self.parts.values():
+            part.observe_lens(ctx, block, logits_RNV, self.signals)
+
+    def observe_logits(self, ctx, raw_logits_RNV):
+        for part in self.parts.values():
+            part.observe_logits(ctx, raw_logits_RNV, self.signals)
+
+    def end_scale(self, ctx: ScaleContext, record: ScaleRecord) -> None:
+        self.signals.records[ctx.scale_index] = record
+        for part in self.parts.values():
+            part.end_scale(ctx, record, self.signals)
+
+    # diagnostics -----------------------------------------------------------------------------------------
+    def activation_scales(self) -> torch.Tensor | None:
+        """First accelerated scale per sample of the last generation (num_scales = never)."""
+        return None if self.signals is None else self.signals.activation_scale_B
+
+
+def top_tokens(scores_RN: torch.Tensor, counts_R: torch.Tensor, n_max: int):
+    """Indices of the ``counts[r]`` highest-scoring tokens of each row, sorted by position.
+
+    Rows keeping fewer than ``n_max`` are padded (repeating their first kept index) and marked invalid in a
+    :class:`TokenSelection`, so each sample's result is independent of its batch neighbours.
+    """
+    R, N = scores_RN.shape
+    idx_desc = scores_RN.topk(n_max, dim=1, largest=True, sorted=True).indices
+    valid = torch.arange(n_max, device=scores_RN.device).view(1, -1) < counts_R.view(-1, 1)
+    if bool(valid.all()):
+        return idx_desc.sort(dim=1).values
+    keyed = torch.where(valid, idx_desc, torch.full_like(idx_desc, N)).sort(dim=1).values
+    valid_sorted = keyed < N
+    index = torch.where(valid_sorted, keyed, keyed[:, :1])
+    return TokenSelection(index, valid_sorted)
+
+
+def build_policy(config: PolicyConfig | None) -> Policy:
+    """``None`` or a config whose activation is ``never`` with no guidance/skip change is still an AccelPolicy;
+    use ``Policy()`` for the bare loop."""
+    return Policy() if config is None else AccelPolicy(config)

@@ -1,0 +1,1 @@
+"""restorers components (one per file; importing the package registers nothing until a registry loads it)."""
