@@ -1,0 +1,184 @@
+"""``python -m studies.bench {engine,presets}``: wall-clock benchmarks that print ratios measured in one run.
+
+``engine``  — our hookable loop vs a straightforward implementation of the official algorithm
+              (``var_core.engine.reference_loop``), the cost of a composed no-op policy, and the effect of pruning
+              half of the last scale (FLOPs ratio and measured time ratio of that scale).
+``presets`` — every method preset vs the baseline: FLOPs ratio, wall-clock ratio, measured/ideal speedup, and
+              the entropy scorer's share of generation time (see ``--help``).
+
+Timing discipline: warm-up runs discarded; variants interleaved run by run (so machine noise hits all of
+them alike); medians over repeats; the VQ decoder is outside the timed region unless ``--with-decode``.
+These are benchmarks, not tests: the machines are shared and noisy, so read ratios, not absolute seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+
+from var_core.engine import GenerationOptions, Policy, SamplingConfig, ScalePlan, Tracer, generate
+from var_core.engine.reference_loop import reference_generate
+from var_core.models.zoo import load_model
+
+
+class ScaleClock(Tracer):
+    """Wall-clock per scale (CPU: perf_counter is exact after each op returns; no CUDA here)."""
+
+    enabled = True
+
+    def __init__(self):
+        self.per_scale: dict[int, float] = {}
+        self._t0 = 0.0
+
+    def scale_begin(self, scale):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._t0 = time.perf_counter()
+
+    def scale_end(self, scale):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.per_scale[scale] = time.perf_counter() - self._t0
+
+
+class PruneLastScaleHalf(Policy):
+    """Benchmark policy: keeps every other token of the last scale (a fixed, score-free plan)."""
+
+    name = "half_last_scale"
+
+    def plan_scale(self, ctx):
+        return ScalePlan(prune=ctx.is_last)
+
+    def plan_block(self, ctx, block, branch, x_RNC):
+        keep = torch.arange(0, ctx.num_tokens, 2, device=x_RNC.device)
+        return keep.expand(x_RNC.shape[0], -1)
+
+
+def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(warmup):
+        for fn in variants.values():
+            fn()
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def environment_line(adapter, batch_size: int) -> str:
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    return (f"# model={getattr(adapter, 'model_name', '?')} batch={batch_size} device={device} "
+            f"threads={torch.get_num_threads()} torch={torch.__version__} dtype=float32 attention=sdpa")
+
+
+def bench_engine(args) -> int:
+    adapter = load_model(args.model, seed=args.seed)
+    sampling = SamplingConfig(cfg=1.5, top_k=900, top_p=0.96)
+    options = GenerationOptions(check_finite=False, decode=args.with_decode, keep_raw_logits=False)
+    from var_core.accel import PolicyConfig, build_policy
+
+    noop_accel = build_policy(PolicyConfig(name="baseline"))
+    for batch_size in args.batch_sizes:
+        print(environment_line(adapter, batch_size))
+        labels = torch.arange(batch_size) % adapter.cfg.num_classes
+        seeds = list(range(batch_size))
+        gens = lambda: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
+
+        def reference():
+            with torch.inference_mode():
+                if args.with_decode:
+                    return reference_generate(adapter.var, adapter.vae, labels, sampling, gens())
+                return _reference_no_decode(adapter, labels, sampling, gens())
+
+        variants = {
+            "reference (official algorithm)": reference,
+            "engine, empty slots": lambda: generate(adapter, labels, seeds, sampling, options=options),
+            "engine, composed no-op policy": lambda: generate(adapter, labels, seeds, sampling, policy=noop_accel,
+                                                              options=options),
+        }
+        times = interleaved_medians(variants, args.repeats)
+        ref = statistics.median(times["reference (official algorithm)"])
+        print(f"{'variant':36s} {'median s':>9s} {'min s':>8s} {'ratio':>7s}")
+        for name, values in times.items():
+            med = statistics.median(values)
+            print(f"{name:36s} {med:9.3f} {min(values):8.3f} {med / ref:7.3f}")
+
+        clocks = {"dense": ScaleClock(), "half": ScaleClock()}
+        last_times = {"dense": [], "half": []}
+        for _ in range(args.repeats + 1):
+            for name, policy in (("dense", None), ("half", PruneLastScaleHalf())):
+                result = generate(adapter, labels, seeds, sampling, policy=policy, tracer=clocks[name],
+                                  options=options)
+                last_times[name].append(clocks[name].per_scale[adapter.num_scales - 1])
+                kept = result.records[-1].kept_tokens
+        dense_t = statistics.median(last_times["dense"][1:])
+        half_t = statistics.median(last_times["half"][1:])
+        flops_ratio = _last_scale_block_flops(adapter, kept) / _last_scale_block_flops(adapter, None)
+        print(f"last scale, half the tokens kept: FLOPs ratio {flops_ratio:.3f}  measured time ratio "
+              f"{half_t / dense_t:.3f} ({half_t:.3f} s vs {dense_t:.3f} s)")
+        engine_ratio = statistics.median(times["engine, empty slots"]) / ref
+        print(f"engine_vs_reference={engine_ratio:.3f} half_prune_time_ratio={half_t / dense_t:.3f} "
+              f"half_prune_flops_ratio={flops_ratio:.3f}")
+    return 0
+
+
+def _reference_no_decode(adapter, labels, sampling, gens):
+    """The reference loop without its final decode (so both sides time the transformer only)."""
+    vae = adapter.vae
+    decode = vae.fhat_to_img
+    vae.fhat_to_img = lambda f: f  # noqa: E731 - temporarily bypass the decoder for timing
+    try:
+        return reference_generate(adapter.var, vae, labels, sampling, gens)
+    finally:
+        vae.fhat_to_img = decode
+
+
+def _last_scale_block_flops(adapter, kept_tokens) -> float:
+    """Analytic block FLOPs of the last scale (linear layers + attention over the cache) per network row."""
+    cfg = adapter.cfg
+    C, F = cfg.embed_dim, cfg.mlp_hidden
+    N = adapter.scale_hw[-1][0] * adapter.scale_hw[-1][1]
+    history = adapter.total_tokens - N
+    total = 0.0
+    for block in range(adapter.num_blocks):
+        n_attn, n_ffn = (N, N) if kept_tokens is None else kept_tokens[block]
+        keys = history + n_attn
+        total += n_attn * (2 * C * 3 * C + 2 * C * C) + 4 * n_attn * keys * C + n_ffn * 4 * C * F
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studies.bench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    eng = sub.add_parser("engine", help="engine vs reference loop; empty-slot cost; half-pruned last scale")
+    eng.add_argument("--model", default="random:var-d16")
+    eng.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    eng.add_argument("--repeats", type=int, default=3)
+    eng.add_argument("--seed", type=int, default=0)
+    eng.add_argument("--with-decode", action="store_true", help="include the VQ decoder in the timed region")
+    pre = sub.add_parser("presets", help="every preset vs baseline (FLOPs, wall clock, entropy overhead)")
+    pre.add_argument("--model", default="testbed")
+    pre.add_argument("--batch-size", type=int, default=1)
+    pre.add_argument("--repeats", type=int, default=3)
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--presets", nargs="*", default=None)
+    args = parser.parse_args(argv)
+    if args.what == "engine":
+        return bench_engine(args)
+    from studies.bench_presets import bench_presets
+
+    return bench_presets(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
