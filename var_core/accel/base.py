@@ -50,7 +50,8 @@ class Signals:
             record = self.records.get(si)
             if record is None or record.skipped or record.guided_logits_BNV is None:
                 return None
-            self._token_entropy[si] = predictive_entropy(record.guided_logits_BNV, self.info.family)
+            with self.info.tracer.span("accel/entropy", si):
+                self._token_entropy[si] = predictive_entropy(record.guided_logits_BNV, self.info.family)
         return self._token_entropy[si]
 
     def token_entropy_map(self, si: int) -> torch.Tensor | None:

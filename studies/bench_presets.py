@@ -1,0 +1,78 @@
+"""``python -m studies.bench presets``: every method preset against the baseline, measured in one run.
+
+Per preset: analytic FLOPs ratio (transformer + head, from the kept-token counts the run actually used),
+wall-clock ratio (median of interleaved repeats, warm-up discarded, VQ decode outside the timed region),
+measured speedup / FLOPs-ideal speedup, and the time share of entropy work (the entropy scorer's spans, the
+logit lens, and the predictive-entropy computations) measured with ``profilers.timers.ComponentTimer``.
+The last line is ``speedup_vs_ideal_min=… entropy_overhead=…`` (the worst token-pruning preset's
+measured/ideal ratio, and NOVA's entropy share of its generation time).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from profilers.flops import count_flops
+from profilers.timers import ComponentTimer
+from studies.bench import environment_line, interleaved_medians
+from var_core.accel import build_policy
+from var_core.accel.presets import PRESETS, get_preset
+from var_core.engine import GenerationOptions, SamplingConfig, generate
+from var_core.models.zoo import load_model
+
+TOKEN_PRUNING = ("nova", "fastvar", "ldpruning", "toprovar", "sparsevar", "stagevar")
+ENTROPY_SPANS = ("accel/scorer", "accel/entropy", "lens")
+
+
+def bench_presets(args) -> int:
+    adapter = load_model(args.model, seed=args.seed)
+    sampling = getattr(adapter, "default_sampling", SamplingConfig())
+    options = GenerationOptions(check_finite=False, decode=False, keep_raw_logits=True)
+    names = args.presets or sorted(PRESETS)
+    if "baseline" not in names:
+        names = ["baseline"] + names
+    B = args.batch_size
+    labels = torch.arange(B) % adapter.cfg.num_classes
+    seeds = list(range(1000, 1000 + B))
+    policies = {name: build_policy(get_preset(name)) for name in names}
+    print(environment_line(adapter, B))
+
+    flops, results = {}, {}
+    for name, policy in policies.items():
+        results[name] = generate(adapter, labels, seeds, sampling, policy=policy, options=options)
+        flops[name] = count_flops(adapter, results[name], batch_size=B).total()
+
+    variants = {name: (lambda p=policy: generate(adapter, labels, seeds, sampling, policy=p, options=options))
+                for name, policy in policies.items()}
+    times = interleaved_medians(variants, args.repeats, warmup=1)
+
+    entropy_share = {}
+    for name in names:
+        timer = ComponentTimer()
+        generate(adapter, labels, seeds, sampling, policy=policies[name], tracer=timer, options=options)
+        table = timer.per_component()
+        total = timer.total_ms()
+        spent = float(table.loc[table.index.isin(ENTROPY_SPANS), "self_ms"].sum()) if total > 0 else 0.0
+        entropy_share[name] = spent / total if total > 0 else 0.0
+
+    base_t = statistics.median(times["baseline"])
+    base_f = flops["baseline"]
+    print(f"{'preset':10s} {'FLOPs ratio':>11s} {'ideal x':>8s} {'time s':>8s} {'time ratio':>10s} {'measured x':>10s} "
+          f"{'meas/ideal':>10s} {'entropy %':>9s}  computed tokens per scale")
+    ratios = {}
+    for name in names:
+        t = statistics.median(times[name])
+        f_ratio = flops[name] / base_f
+        ideal = 1 / f_ratio
+        measured = base_t / t
+        ratios[name] = measured / ideal
+        tokens = results[name].computed_tokens_per_scale()
+        print(f"{name:10s} {f_ratio:11.3f} {ideal:8.2f} {t:8.3f} {t / base_t:10.3f} {measured:10.2f} "
+              f"{ratios[name]:10.2f} {100 * entropy_share[name]:8.2f}%  {tokens}")
+    pruning = [n for n in names if n in TOKEN_PRUNING and flops[n] < 0.99 * base_f]
+    worst = min((ratios[n] for n in pruning), default=float("nan"))
+    entropy = entropy_share.get("nova", float("nan"))
+    print(f"speedup_vs_ideal_min={worst:.3f} entropy_overhead={entropy:.4f}")
+    return 0
