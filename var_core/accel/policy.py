@@ -188,6 +188,7 @@ class AccelPolicy(Policy):
             scores = scores.repeat(rows // scores.shape[0], 1)
         forced = self.restorer.forced_keep(ctx, self.signals)
         if forced is not None:
+            forced = forced.to(scores.device)
             scores = scores.masked_fill(forced.view(1, N), float("inf"))
         with self._span("schedule", ctx.scale_index, block):
             counts = self.schedule.keep_counts(ctx, block, branch, scores, self.signals)

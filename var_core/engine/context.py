@@ -64,6 +64,7 @@ class GenerationInfo:
     family: str
     guidance: GuidanceMode
     tracer: object  # a ``var_core.engine.tracing.Tracer``; components wrap their own work in its spans
+    sampling: object = None  # the run's ``SamplingConfig`` (cfg, temperature, top-k/p) for components that need it
 
 
 @dataclass(frozen=True)

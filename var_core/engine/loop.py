@@ -88,7 +88,7 @@ def generate(
     records: list[ScaleRecord] = []
     stopped_at = None
     policy.start(GenerationInfo(B, adapter.num_scales, adapter.num_blocks, branches, adapter.scale_hw,
-                                adapter.family, guidance, tracer))
+                                adapter.family, guidance, tracer, sampling))
     try:
         with adapter.kv_cache() as cache:
             for si, hw in enumerate(adapter.scale_hw):
