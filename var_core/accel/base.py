@@ -37,10 +37,12 @@ class Signals:
     records: dict[int, ScaleRecord] = field(default_factory=dict)
     # first accelerated scale per sample (int64 [B]; num_scales = never), written by the Activation
     activation_scale_B: torch.Tensor | None = None
-    # head-averaged attention entropy per query of (scale, block): [R, n] over the computed queries
+    # head-averaged attention entropy per query of (scale, block): [R, N] map of the scale (NaN where not computed)
     attention_entropy: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     # logit-lens token entropy of (scale, block): [B, N] (or [R, N])
     lens_entropy: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # whether the policy prunes at the scale being planned (set before components' ``needs`` are asked)
+    pruning_now: bool = False
     # free-form per-component scratch (namespaced by component name) for diagnostics the studies report
     extras: dict[str, object] = field(default_factory=dict)
 

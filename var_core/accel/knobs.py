@@ -106,7 +106,9 @@ def knob_fields(config_cls) -> list[dataclasses.Field]:
 def coerce(field_: dataclasses.Field, text: str, type_hints: dict) -> Any:
     """Parse a ``--set`` string into the field's declared type (bool, int, float, str, tuple of numbers)."""
     hint = type_hints.get(field_.name, field_.type)
-    hint_s = hint if isinstance(hint, str) else getattr(hint, "__name__", str(hint))
+    hint_s = hint if isinstance(hint, str) else str(hint)
+    if text.strip().lower() == "none" and ("None" in hint_s or "Optional" in hint_s):
+        return None
     try:
         if "tuple" in hint_s:
             parts = [p for p in text.replace("(", "").replace(")", "").split(",") if p.strip()]

@@ -155,6 +155,7 @@ class AccelPolicy(Policy):
         self._active_B = active_B
         self._block_selection = {}
         prune = bool(active_B.any()) and self.schedule.prunes_scale(ctx, signals)
+        signals.pruning_now = prune
         needs = Needs()
         for part in self.parts.values():
             needs = needs | part.needs(ctx, signals)

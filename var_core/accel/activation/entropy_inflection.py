@@ -1,0 +1,102 @@
+"""NOVA's adaptive acceleration activation: the inflection of scale-entropy growth (specs/methods.md §2.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..base import Activation, Signals
+from ..entropy import SCALE_ENTROPY_DEFINITIONS
+from ..knobs import ComponentConfig, SearchSpace, knob
+from ..registry import ACTIVATIONS
+from ._entropy_growth import (FIRST_ACCELERATED, GROWTH_TESTS, REFERENCES, SMOOTHINGS, first_test_scale, fires_at,
+                              growth, growth_reference, scale_entropy_curve)
+
+EXTRAS_KEY = "entropy_inflection"
+
+
+@ACTIVATIONS.register("entropy_inflection")
+class EntropyInflection(Activation):
+    """NOVA (arXiv 2602.01345) §2.2: accelerate once the growth of the scale entropy flattens. Knob: ``alpha``.
+
+    Per sample, at the end of every scale (paper index ``t = si + 1``): ``H_t`` = scale entropy of the sampled
+    distribution (``definition``), ``g_t = H_t − H_{t−1}``, ``δ_t`` = smoothed growth, ``ḡ`` = reference over the
+    early growths ``g_2 … g_{t_est}``; the test ``δ_t < α·ḡ`` fires once at ``t*`` and scales ``t > t*`` are
+    accelerated (``signals.activation_scale_B = t*`` in 0-indexed terms, i.e. the first accelerated scale). If it
+    never fires, nothing is accelerated. ``t_est`` is a 1-indexed scale NUMBER (the paper's t_est = 5 means the
+    first five scales, 0-indexed 0..4, form the reference; the earliest test is at the end of scale t = 6).
+
+    RECONSTRUCTED parts (each an option; defaults first):
+
+    * ``definition`` — ``mean`` per-token entropy / ``sum`` per-scale total / ``normalized`` mean over the maximum
+      per-token entropy. Default ``mean``: methods.md's H_t. The inflection decision is invariant to the positive
+      factor of ``normalized`` (same t* as ``mean``); ``sum`` grows with the token count.
+    * ``growth_test`` — ``magnitude``: ``|δ_t| < α·|ḡ|`` (``|mean|`` or ``max |g|`` for the reference), ``signed``:
+      the literal ``δ_t < α·ḡ``. Default ``magnitude``, because on a codebook VAR the per-token mean FALLS with
+      scale (MEASURED on our VAR testbed: 3.5 nats at scale 1, ~1.5 by scale 5, then flat with bumps), so ``ḡ < 0``
+      and the signed test never fires once the curve flattens (it can only fire while the entropy is still falling
+      fast). The magnitude test detects the same flattening on falling and rising curves and equals the literal
+      test on NOVA's rising curves as long as the growth stays non-negative. (``sum`` keeps growing with the token
+      count on a codebook VAR and never flattens, so it does not fire there either way.)
+    * ``smoothing`` — ``backward`` ``δ_t = (g_{t−1} + g_t)/2`` (online form of the write-up's forward pair) /
+      ``none`` ``δ_t = g_t``.
+    * ``reference`` — ``mean`` / ``max`` of ``g_2 … g_{t_est}``.
+    * ``first_accelerated`` — ``after``: the first accelerated scale is ``t* + 1`` with
+      ``t* = min{t > t_est : δ_t < α·ḡ}``. ``at``: scale ``t*`` itself is accelerated; online this is only possible
+      if the test for ``t*`` uses growth up to ``t* − 1``, so ``t* = min{t > t_est : δ_{t−1} < α·ḡ}``. Both
+      accelerate the scale after the one whose end fired the test; ``at`` allows the test one scale earlier (at
+      the end of scale ``t_est``), so acceleration can start at ``t_est + 1`` instead of ``t_est + 2``.
+
+    Diagnostics: ``signals.extras["entropy_inflection"]`` holds ``H_BK`` (curve so far), ``growth_BK``,
+    ``reference_B`` (as used by ``growth_test``) and ``t_star_B`` (0-indexed scale whose end fired the test,
+    −1 = not fired). With ``after``, ``activation_scale_B`` (0-indexed first accelerated scale) is numerically the
+    paper's 1-indexed t*. A ``t_est`` at or beyond the number of scales never tests, so never accelerates.
+    """
+
+    @dataclass(frozen=True)
+    class Config(ComponentConfig):
+        t_est: int = knob(5, "last scale (1-indexed NUMBER, >= 2) of the early-growth reference window g_2..g_t_est",
+                          low=2, search=SearchSpace("int", 2, 7))
+        alpha: float = knob(0.5, "the test fires when the smoothed growth drops below alpha x the reference",
+                            low=0.0, high=1.0, low_open=True, search=SearchSpace("float", 0.1, 1.0))
+        definition: str = knob("mean", "scale entropy H_t: per-token mean, per-scale sum, or mean / max entropy",
+                               choices=SCALE_ENTROPY_DEFINITIONS, reconstructed=True)
+        growth_test: str = knob("magnitude", "'magnitude' |delta| < alpha |ref| (works on falling codebook-VAR "
+                                "curves) or 'signed' delta < alpha ref (literal)", choices=GROWTH_TESTS,
+                                reconstructed=True)
+        smoothing: str = knob("backward", "delta_t = (g_{t-1}+g_t)/2 ('backward', online) or g_t ('none')",
+                              choices=SMOOTHINGS, reconstructed=True)
+        reference: str = knob("mean", "early-growth reference: mean or max over g_2..g_t_est", choices=REFERENCES,
+                              reconstructed=True)
+        first_accelerated: str = knob("after", "'after': scales t > t* are accelerated; 'at': t* itself (its test "
+                                      "uses growth up to t*-1)", choices=FIRST_ACCELERATED, reconstructed=True)
+
+    def start(self, info, signals: Signals) -> None:
+        B, K = info.batch_size, info.num_scales
+        signals.activation_scale_B = torch.full((B,), K, dtype=torch.long)
+        signals.extras[EXTRAS_KEY] = dict(t_star_B=torch.full((B,), -1, dtype=torch.long))
+
+    def active_B(self, ctx, signals: Signals) -> torch.Tensor:
+        return signals.activation_scale_B <= ctx.scale_index
+
+    def end_scale(self, ctx, record, signals: Signals) -> None:
+        cfg = self.config
+        si, K = ctx.scale_index, ctx.num_scales
+        first_B = signals.activation_scale_B
+        undecided = first_B >= K
+        if not bool(undecided.any()):
+            return  # every sample has fired: nothing left to measure
+        H = scale_entropy_curve(signals, si, cfg.definition)
+        if H is None:
+            return
+        diag = signals.extras[EXTRAS_KEY]
+        diag["H_BK"], diag["growth_BK"] = H, growth(H)
+        if si >= cfg.t_est - 1:
+            diag["reference_B"] = growth_reference(diag["growth_BK"], cfg.t_est, cfg.reference, cfg.growth_test)
+        if si < first_test_scale(cfg.t_est, cfg.first_accelerated):
+            return
+        fired = fires_at(H, si, t_est=cfg.t_est, alpha=cfg.alpha, reference=cfg.reference,
+                         smoothing=cfg.smoothing, test=cfg.growth_test).cpu() & undecided
+        signals.activation_scale_B = torch.where(fired, torch.full_like(first_B, si + 1), first_B)
+        diag["t_star_B"] = torch.where(fired, torch.full_like(first_B, si), diag["t_star_B"])

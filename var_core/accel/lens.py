@@ -1,0 +1,125 @@
+"""Logit-lens token entropy per block (NOVA §2.1, layer entropy; RECONSTRUCTED), shared by components.
+
+The loop calls ``observe_lens(ctx, block, logits_RNV)`` with the model head applied to the OUTPUT of ``block``
+(the full ``[R, N, C]`` hidden state, pruned slots already restored), i.e. the hidden state ENTERING block
+``block + 1``. :func:`record_lens_entropy` turns those logits into a token-entropy map and stores it once in
+``signals.lens_entropy[(si, block)]`` (float32 ``[B, N]``, or ``[R, N]`` for ``combine="per_row"``).
+
+How the CFG halves are combined is a RECONSTRUCTED choice (specs/methods.md §2.1: "CFG-combined if both branches
+are present"); ``combine`` selects it:
+
+* ``guided`` (default) — entropy of the guided logits ``ℓ = α·ℓ_u + β·(ℓ_c − ℓ_u)`` in the family's convention
+  (VAR: ``α = 1, β = 1 + cfg·si/(K−1)``; Infinity: ``α = 1/τ, β = cfg/τ``). Components do not see the sampling
+  settings, so with ``guidance_scale=None`` the weights are INFERRED per sample from the latest computed scale,
+  by least squares of its guided logits on its raw ``(ℓ_u, ℓ_c − ℓ_u)`` rows (exact for Infinity's constant
+  cfg and temperature, and for samples whose guidance was stopped, β = α = 1); for VAR the guidance part is then
+  moved along the linear ramp (``t_si = t_prev · si / si_prev``). Before any scale with both halves (or without
+  raw logits in the records) the weights are ``α = β = 1`` (conditional logits: exact at VAR's first scale where
+  t = 0; for Infinity the first scale's lens ignores cfg and τ). With an explicit ``guidance_scale`` (and
+  ``temperature`` for Infinity) the family formula is used as is.
+* ``cond`` — entropy of the conditional rows' logits.
+* ``mean`` — mean of the conditional and unconditional rows' entropies.
+* ``per_row`` — one map per network row, ``[R, N]``.
+
+When the scale computes one CFG half only, every mode gives that half's entropy ``[B, N]``.
+
+Idempotent, and never ambiguous: ``signals.lens_entropy`` holds only the CANONICAL definition (the defaults
+``combine="guided", guidance_scale=None, temperature=1.0``), stored by the first component that records it; a
+component asking for other settings gets its own map, stored in
+``signals.extras["lens.variants"][(combine, guidance_scale, temperature)][(si, block)]`` (read it back with
+:func:`lens_entropy_map`). So a reader of ``signals.lens_entropy`` never silently receives another component's
+variant, and an ablation arm that changes one component's setting does not change what the others read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine.context import GuidanceMode, ScaleContext
+from .base import Signals
+from .entropy import predictive_entropy
+
+LENS_COMBINES = ("guided", "cond", "mean", "per_row")
+LENS_VARIANTS_KEY = "lens.variants"
+CANONICAL_SETTINGS = ("guided", None, 1.0)
+
+
+def _fit_weights(raw_RNV: torch.Tensor, guided_BNV: torch.Tensor, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample least-squares ``guided ≈ α·u + β·(c − u)``; returns ``(α [B], β [B])``."""
+    c, u, g = raw_RNV[:B].double().flatten(1), raw_RNV[B:].double().flatten(1), guided_BNV.double().flatten(1)
+    d = c - u
+    uu, ud, dd = (u * u).sum(1), (u * d).sum(1), (d * d).sum(1)
+    ug, dg = (u * g).sum(1), (d * g).sum(1)
+    det = uu * dd - ud * ud
+    ok = det > 1e-10 * uu * dd.clamp(min=1e-30)
+    safe_det = torch.where(ok, det, torch.ones_like(det))
+    alpha = torch.where(ok, (ug * dd - dg * ud) / safe_det, ug / uu.clamp(min=1e-30))
+    beta = torch.where(ok, (uu * dg - ud * ug) / safe_det, alpha)  # c ≈ u: any β fits; use the cond weight
+    return alpha.float(), beta.float()
+
+
+def guidance_weights(ctx: ScaleContext, signals: Signals, guidance_scale: float | None = None,
+                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(α [B], β [B])`` with guided logits ``α·ℓ_u + β·(ℓ_c − ℓ_u)`` at scale ``ctx`` (see module docstring)."""
+    B, si, K = ctx.batch_size, ctx.scale_index, ctx.num_scales
+    if guidance_scale is not None:
+        if ctx.family == "var":
+            alpha, beta = 1.0, 1.0 + guidance_scale * si / max(1, K - 1)
+        else:
+            alpha, beta = 1.0 / temperature, guidance_scale / temperature
+        return torch.full((B,), alpha), torch.full((B,), beta)
+    record = ctx.last_computed()
+    if (record is None or record.guidance is not GuidanceMode.BOTH or record.raw_logits_RNV is None
+            or record.guided_logits_BNV is None):
+        return torch.ones(B), torch.ones(B)
+    alpha, beta = _fit_weights(record.raw_logits_RNV, record.guided_logits_BNV, B)
+    if ctx.family == "var":  # linear CFG ramp: t_si = cfg * si / (K - 1)
+        ramp = si / record.scale_index if record.scale_index > 0 else 0.0
+        beta = alpha + (beta - alpha) * ramp
+    return alpha, beta
+
+
+def lens_entropy(ctx: ScaleContext, signals: Signals, logits_RNV: torch.Tensor, combine: str = "guided",
+                 guidance_scale: float | None = None, temperature: float = 1.0) -> torch.Tensor:
+    """Token entropy of lens logits, CFG rows combined per ``combine`` (``[B, N]``, or ``[R, N]`` for per_row)."""
+    if combine not in LENS_COMBINES:
+        raise ValueError(f"unknown lens combine {combine!r}; choose one of {LENS_COMBINES}")
+    family, B = ctx.family, ctx.batch_size
+    if logits_RNV.shape[0] == B or combine == "per_row":
+        return predictive_entropy(logits_RNV, family)
+    cond, uncond = logits_RNV[:B].float(), logits_RNV[B:].float()
+    if combine == "cond":
+        return predictive_entropy(cond, family)
+    if combine == "mean":
+        return 0.5 * (predictive_entropy(cond, family) + predictive_entropy(uncond, family))
+    alpha, beta = guidance_weights(ctx, signals, guidance_scale, temperature)
+    alpha, beta = alpha.to(cond.device).view(B, 1, 1), beta.to(cond.device).view(B, 1, 1)
+    return predictive_entropy(alpha * uncond + beta * (cond - uncond), family)
+
+
+def _store(signals: Signals, settings: tuple) -> dict:
+    if settings == CANONICAL_SETTINGS:
+        return signals.lens_entropy
+    return signals.extras.setdefault(LENS_VARIANTS_KEY, {}).setdefault(settings, {})
+
+
+def record_lens_entropy(signals: Signals, ctx: ScaleContext, block: int, logits_RNV: torch.Tensor,
+                        combine: str = "guided", guidance_scale: float | None = None, temperature: float = 1.0
+                        ) -> torch.Tensor:
+    """Store (once) and return the lens entropy of the hidden state AFTER ``block`` (= entering ``block + 1``):
+    ``signals.lens_entropy[(si, block)]`` for the canonical settings, a variant store otherwise."""
+    store = _store(signals, (combine, guidance_scale, temperature))
+    key = (ctx.scale_index, block)
+    if key not in store:
+        store[key] = lens_entropy(ctx, signals, logits_RNV, combine, guidance_scale, temperature)
+    return store[key]
+
+
+def lens_entropy_map(signals: Signals, si: int, block: int, combine: str = "guided",
+                     guidance_scale: float | None = None, temperature: float = 1.0) -> torch.Tensor | None:
+    """The map :func:`record_lens_entropy` stored for these settings, or None if it was not recorded."""
+    return _store(signals, (combine, guidance_scale, temperature)).get((si, block))
+
+
+__all__ = ["CANONICAL_SETTINGS", "LENS_COMBINES", "guidance_weights", "lens_entropy", "lens_entropy_map",
+           "record_lens_entropy"]

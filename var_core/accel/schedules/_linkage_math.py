@@ -1,0 +1,174 @@
+"""Shared math of the linkage schedules (NOVA §2.3, ToProVAR §4.4, LD-Pruning §3.1): a helper, not a component.
+
+Conventions: scales are 0-indexed ``si`` here; NOVA's formulas use the 1-indexed ``t = si + 1``. Network rows are
+``R = B`` or ``2B`` (conditional rows first), and row ``r`` belongs to sample ``r mod B``. Every per-sample quantity
+is computed per sample and broadcast to its rows, so a sample keeps the same count in both CFG halves and does not
+depend on its batch neighbours.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..activation._entropy_growth import growth, scale_entropy_curve
+from ..attention_stats import may_prune_at
+from ..base import NO_NEEDS, Needs, Signals
+from ..lens import record_lens_entropy
+
+DIRECTIONS = ("printed", "increasing")
+RATIO_MEANINGS = ("removed", "kept")
+FIRST_BLOCK_REFERENCES = ("previous_scale", "none")
+
+_CEIL_SLACK = 1e-9  # (1 − r)·N computed in float64 may land a hair above an integer
+
+
+# ------------------------------------------------------------------------------------------------ pure formulas
+def nova_scale_ratio(t: float | torch.Tensor, t_star: float | torch.Tensor, g_prev: float | torch.Tensor,
+                     tau: float, lam: float, direction: str = "printed") -> torch.Tensor:
+    """NOVA's scale-linkage ratio (1-indexed ``t``, ``t*``), float64.
+
+    ``printed``: ``sigmoid(τ·(t*+1)/t − λ·tanh(g))`` (decreases with t); ``increasing``:
+    ``sigmoid(τ·t/(t*+1) − λ·tanh(g))``. ``g`` is the growth of the last finished scale (``g_{t−1}``; the
+    write-up's ``g_t`` is unknown before scale t's logits).
+    """
+    t = torch.as_tensor(t, dtype=torch.float64)
+    t_star = torch.as_tensor(t_star, dtype=torch.float64)
+    g = torch.as_tensor(g_prev, dtype=torch.float64)
+    if direction == "printed":
+        x = tau * (t_star + 1) / t
+    elif direction == "increasing":
+        x = tau * t / (t_star + 1)
+    else:
+        raise ValueError(f"unknown direction {direction!r}; choose one of {DIRECTIONS}")
+    return torch.sigmoid(x - lam * torch.tanh(g))
+
+
+def layer_adjusted_ratio(r_base: float | torch.Tensor, h_layer: float | torch.Tensor,
+                         h_before_mean: float | torch.Tensor, lam: float) -> torch.Tensor:
+    """NOVA's layer linkage (RECONSTRUCTED): ``sigmoid(logit(r) − λ·tanh(H_l − mean_{j<l} H_j))``, float64.
+
+    A layer whose entropy is above the mean of the earlier layers gets a smaller reduction. A NaN entropy
+    difference (nothing to compare with) leaves ``r`` unchanged.
+    """
+    r = torch.as_tensor(r_base, dtype=torch.float64)
+    diff = torch.as_tensor(h_layer, dtype=torch.float64) - torch.as_tensor(h_before_mean, dtype=torch.float64)
+    diff = torch.nan_to_num(diff, nan=0.0)
+    return torch.sigmoid(torch.logit(r) - lam * torch.tanh(diff))
+
+
+def keep_from_ratio(ratio: torch.Tensor, num_tokens: int, ratio_is: str = "removed") -> torch.Tensor:
+    """int64 kept count ``ceil((1 − r)·N)`` (``r`` removed) or ``ceil(r·N)`` (``r`` kept), within ``[0, N]``."""
+    if ratio_is not in RATIO_MEANINGS:
+        raise ValueError(f"unknown ratio meaning {ratio_is!r}; choose one of {RATIO_MEANINGS}")
+    frac = (1.0 - ratio) if ratio_is == "removed" else ratio
+    keep = torch.ceil(frac.double() * num_tokens - _CEIL_SLACK * num_tokens)
+    return keep.clamp(0, num_tokens).long()
+
+
+# ------------------------------------------------------------------------------------------------ per-sample plumbing
+def sample_of_row(batch_size: int, rows: int, device=None) -> torch.Tensor:
+    """int64 ``[R]``: the sample each network row belongs to (``r mod B``)."""
+    return torch.arange(rows, device=device) % batch_size
+
+
+def to_rows(values_B: torch.Tensor, batch_size: int, rows: int, device) -> torch.Tensor:
+    return values_B.to(device)[sample_of_row(batch_size, rows, device)]
+
+
+def activation_scales(ctx, signals: Signals) -> torch.Tensor:
+    """int64 ``[B]`` (CPU) first accelerated scale per sample; with an activation that publishes none, every
+    sample counts as accelerated from scale 0 (the policy's activation mask still applies)."""
+    first = signals.activation_scale_B
+    if first is None:
+        return torch.zeros(ctx.batch_size, dtype=torch.long)
+    return first.cpu()
+
+
+def started_B(ctx, signals: Signals) -> torch.Tensor:
+    """bool ``[B]``: the sample's activation scale has been reached (rows of other samples stay dense, which also
+    lets an activation switch on inside a scale: see ``low_entropy_ratio``'s ``first_accelerated='at'``)."""
+    return activation_scales(ctx, signals) <= ctx.scale_index
+
+
+def counts_for_rows(ctx, keep_B: torch.Tensor, active_B: torch.Tensor, rows: int, device) -> torch.Tensor | None:
+    """``[R]`` kept counts: ``keep_B`` for rows of ``active_B`` samples, ``N`` elsewhere; None when all dense."""
+    N = ctx.num_tokens
+    keep_B = torch.where(active_B.to(keep_B.device), keep_B, torch.full_like(keep_B, N))
+    if bool((keep_B >= N).all()):
+        return None
+    return to_rows(keep_B, ctx.batch_size, rows, device)
+
+
+# ------------------------------------------------------------------------------------------------ entropy plumbing
+def last_growth_B(ctx, signals: Signals, definition: str) -> torch.Tensor:
+    """float64 ``[B]`` (CPU): the growth ``g_{t−1} = H_{t−1} − H_{t−2}`` of the last finished scale (0 where it is
+    undefined: before scale 2, or next to a skipped scale)."""
+    si = ctx.scale_index
+    B = ctx.batch_size
+    if si < 2:
+        return torch.zeros(B, dtype=torch.float64)
+    H = scale_entropy_curve(signals, si - 1, definition)
+    if H is None:
+        return torch.zeros(B, dtype=torch.float64)
+    return torch.nan_to_num(growth(H)[:, si - 1], nan=0.0).cpu()
+
+
+def previous_scale_mean_entropy_B(ctx, signals: Signals) -> torch.Tensor:
+    """float64 ``[B]`` (CPU): mean predictive entropy of the last computed scale (NaN if none)."""
+    record = ctx.last_computed()
+    ent = None if record is None else signals.token_entropy(record.scale_index)
+    if ent is None:
+        return torch.full((ctx.batch_size,), float("nan"), dtype=torch.float64)
+    return ent.double().mean(-1).cpu()
+
+
+def lens_mean_B(ctx, signals: Signals, block: int) -> torch.Tensor:
+    """float64 ``[B]`` (CPU): mean logit-lens entropy of the hidden state AFTER ``block`` at this scale (the
+    sample's conditional row, or its only row); NaN when it was not recorded."""
+    ent = signals.lens_entropy.get((ctx.scale_index, block))
+    if ent is None:
+        return torch.full((ctx.batch_size,), float("nan"), dtype=torch.float64)
+    return ent[: ctx.batch_size].double().nanmean(-1).cpu()
+
+
+def layer_entropy_difference_B(ctx, signals: Signals, block: int, first_block_reference: str) -> torch.Tensor:
+    """``[B]``: ``H_{t,l} − mean_{j<l} H_{t,j}`` for 0-indexed ``block`` (paper ``l = block + 1``).
+
+    ``H_{t,l}`` is the lens entropy of the hidden state ENTERING block l, i.e. recorded after block ``block − 1``.
+    The state entering the first block is the raw input (lens meaningless): with ``previous_scale`` its entropy is
+    replaced by the previous scale's mean predictive entropy (methods.md §2.5); with ``none`` it is left out, so
+    the first two blocks keep the base ratio. NaN (→ base ratio) where nothing is available.
+    """
+    B = ctx.batch_size
+    nan = torch.full((B,), float("nan"), dtype=torch.float64)
+    if block < 1:
+        return nan
+    current = lens_mean_B(ctx, signals, block - 1)
+    earlier = [lens_mean_B(ctx, signals, j) for j in range(block - 1)]  # entering blocks 1 .. block-1
+    if first_block_reference == "previous_scale":
+        earlier.insert(0, previous_scale_mean_entropy_B(ctx, signals))
+    elif first_block_reference != "none":
+        raise ValueError(f"unknown first-block reference {first_block_reference!r}; "
+                         f"choose one of {FIRST_BLOCK_REFERENCES}")
+    if not earlier:
+        return nan
+    return current - torch.stack(earlier).nanmean(0)
+
+
+def lens_blocks_needed(num_blocks: int) -> frozenset[int]:
+    """Blocks whose output the layer linkage reads (entering blocks 1..L−1); the last block's output is the head."""
+    return frozenset(range(max(0, num_blocks - 1)))
+
+
+def layer_linkage_needs(ctx, signals: Signals) -> Needs:
+    """Logit lens on blocks 0..L−2 at scales where some sample may be accelerated (the lens costs a head
+    projection per block, a sizeable fraction of a block on codebook VARs: never asked for on dense scales)."""
+    if not may_prune_at(ctx.scale_index, signals):
+        return NO_NEEDS
+    return Needs(lens_blocks=lens_blocks_needed(ctx.num_blocks))
+
+
+def layer_linkage_observe(ctx, block: int, logits_RNV: torch.Tensor, signals: Signals) -> None:
+    """Record the lens entropy (shared definition of ``var_core.accel.lens``: guided CFG combination)."""
+    if block in lens_blocks_needed(ctx.num_blocks) and may_prune_at(ctx.scale_index, signals):
+        record_lens_entropy(signals, ctx, block, logits_RNV)

@@ -1,0 +1,70 @@
+"""NOVA's dual linkage: the scale-linkage ratio as the base of the layer linkage (specs/methods.md §2.3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..base import Schedule, Signals
+from ..entropy import SCALE_ENTROPY_DEFINITIONS
+from ..knobs import ComponentConfig, SearchSpace, knob
+from ..registry import SCHEDULES
+from ._linkage_math import (DIRECTIONS, FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
+                            layer_adjusted_ratio, layer_entropy_difference_B, layer_linkage_needs,
+                            layer_linkage_observe, started_B)
+from .scale_linkage import scale_ratio_B
+
+EXTRAS_KEY = "dual_linkage"
+
+
+@SCHEDULES.register("dual_linkage")
+class DualLinkage(Schedule):
+    """NOVA (arXiv 2602.01345) §2.3, the full method: ``r_{t,l}`` from ``r_t``. Knob: ``tau``.
+
+    ``r_t = sigmoid(τ·(t*+1)/t − λ_s·tanh(g_{t−1}))`` exactly as in ``scale_linkage`` (t* from
+    ``signals.activation_scale_B``, g recomputed from the scale entropies), then per block
+    ``r_{t,l} = sigmoid(logit(r_t) − λ_l·tanh(H_{t,l} − mean_{j<l} H_{t,j}))`` exactly as in ``layer_linkage``
+    (logit-lens entropy of the state entering block l; declared on accelerated scales only); keeps
+    ``ceil((1 − r_{t,l})·N)`` tokens. Rows of samples that are not accelerated yet stay dense.
+
+    RECONSTRUCTED parts (each an option; defaults first): ``direction`` (``printed`` / ``increasing``),
+    ``definition`` (``mean`` / ``sum`` / ``normalized``) of ``scale_linkage``; ``first_block_reference``
+    (``previous_scale`` / ``none``) of ``layer_linkage``; ``ratio_is`` (``removed`` / ``kept``) of the final ratio.
+    The two λ are separate knobs (the layer formula is a reconstruction "in the same style"; both default to 0.1).
+    ``signals.extras["dual_linkage"][(si, block)]`` keeps the per-sample ratio.
+    """
+
+    @dataclass(frozen=True)
+    class Config(ComponentConfig):
+        tau: float = knob(0.8, "temperature of the scale ratio: r_t = sigmoid(tau (t*+1)/t - lambda tanh g)",
+                          low=0.0, high=1.0, low_open=True, search=SearchSpace("float", 0.3, 1.0))
+        scale_lam: float = knob(0.1, "lambda of the scale-entropy-growth correction", low=0.0, high=1.0,
+                                low_open=True, search=SearchSpace("float", 0.01, 1.0, log=True))
+        layer_lam: float = knob(0.1, "lambda of the layer-entropy correction", low=0.0, high=1.0, low_open=True,
+                                search=SearchSpace("float", 0.01, 1.0, log=True))
+        direction: str = knob("printed", "'printed' tau (t*+1)/t (decreasing) or 'increasing' tau t/(t*+1)",
+                              choices=DIRECTIONS, reconstructed=True)
+        definition: str = knob("mean", "scale entropy behind the growth g", choices=SCALE_ENTROPY_DEFINITIONS,
+                               reconstructed=True)
+        first_block_reference: str = knob("previous_scale", "entropy standing for the raw input entering block 1: "
+                                          "the previous scale's mean predictive entropy, or none",
+                                          choices=FIRST_BLOCK_REFERENCES, reconstructed=True)
+        ratio_is: str = knob("removed", "whether r is the removed or the kept fraction", choices=RATIO_MEANINGS,
+                             reconstructed=True)
+
+    def needs(self, ctx, signals: Signals):
+        return layer_linkage_needs(ctx, signals)
+
+    def observe_lens(self, ctx, block, logits_RNV, signals: Signals) -> None:
+        layer_linkage_observe(ctx, block, logits_RNV, signals)
+
+    def prunes_scale(self, ctx, signals) -> bool:
+        return bool(started_B(ctx, signals).any())
+
+    def keep_counts(self, ctx, block, branch, scores_RN, signals):
+        cfg = self.config
+        r_t_B = scale_ratio_B(ctx, signals, cfg.tau, cfg.scale_lam, cfg.direction, cfg.definition)
+        diff_B = layer_entropy_difference_B(ctx, signals, block, cfg.first_block_reference)
+        r_B = layer_adjusted_ratio(r_t_B, diff_B, 0.0, cfg.layer_lam)
+        signals.extras.setdefault(EXTRAS_KEY, {})[(ctx.scale_index, block)] = r_B
+        keep_B = keep_from_ratio(r_B, ctx.num_tokens, cfg.ratio_is)
+        return counts_for_rows(ctx, keep_B, started_B(ctx, signals), scores_RN.shape[0], scores_RN.device)

@@ -1,0 +1,67 @@
+"""NOVA's layer-linkage ratio: a per-block adjustment of a fixed base ratio (specs/methods.md §2.3, RECONSTRUCTED)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..base import Schedule, Signals
+from ..knobs import ComponentConfig, SearchSpace, knob
+from ..registry import SCHEDULES
+from ._linkage_math import (FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
+                            layer_adjusted_ratio, layer_entropy_difference_B, layer_linkage_needs,
+                            layer_linkage_observe, started_B)
+
+EXTRAS_KEY = "layer_linkage"
+
+
+@SCHEDULES.register("layer_linkage")
+class LayerLinkage(Schedule):
+    """NOVA (arXiv 2602.01345) §2.3 layer linkage alone (NOVA Table 6's layer-only arm). Knob: ``r_base``.
+
+    Per accelerated scale t and block l (1-indexed ``l = block + 1``), RECONSTRUCTED in the style of the scale
+    function: ``r_{t,l} = sigmoid(logit(r_base) − λ·tanh(H_{t,l} − mean_{j<l} H_{t,j}))``, ``r_{t,1} = r_base``;
+    keeps ``ceil((1 − r_{t,l})·N)`` tokens. ``H_{t,l}`` is the mean logit-lens entropy of the hidden state ENTERING
+    block l (the lens of block l−1's output, declared in ``needs`` on accelerated scales only and recorded with
+    ``var_core.accel.lens.record_lens_entropy``, guided CFG combination), per sample. A layer whose entropy is above
+    the mean of the earlier layers keeps more tokens.
+
+    RECONSTRUCTED parts (each an option; defaults first):
+
+    * ``first_block_reference`` — the state entering the first block is the raw input (its lens is meaningless):
+      ``previous_scale`` uses the previous scale's mean predictive entropy for ``H_{t,1}`` (methods.md §2.5), so
+      the second block already compares with it; ``none`` leaves ``H_{t,1}`` out (the first two blocks keep
+      ``r_base``).
+    * ``ratio_is`` — ``removed`` / ``kept``.
+
+    Rows of samples that are not accelerated yet stay dense. ``signals.extras["layer_linkage"][(si, block)]`` keeps
+    the per-sample ratio.
+    """
+
+    @dataclass(frozen=True)
+    class Config(ComponentConfig):
+        r_base: float = knob(0.5, "base reduction ratio every block starts from (the first block uses it as is)",
+                             low=0.0, high=1.0, low_open=True, high_open=True, search=SearchSpace("float", 0.2, 0.9))
+        lam: float = knob(0.1, "weight lambda of the layer-entropy correction tanh(H_l - mean_{j<l} H_j)", low=0.0,
+                          high=1.0, low_open=True, search=SearchSpace("float", 0.01, 1.0, log=True))
+        first_block_reference: str = knob("previous_scale", "entropy standing for the raw input entering block 1: "
+                                          "the previous scale's mean predictive entropy, or none",
+                                          choices=FIRST_BLOCK_REFERENCES, reconstructed=True)
+        ratio_is: str = knob("removed", "whether r is the removed or the kept fraction", choices=RATIO_MEANINGS,
+                             reconstructed=True)
+
+    def needs(self, ctx, signals: Signals):
+        return layer_linkage_needs(ctx, signals)
+
+    def observe_lens(self, ctx, block, logits_RNV, signals: Signals) -> None:
+        layer_linkage_observe(ctx, block, logits_RNV, signals)
+
+    def prunes_scale(self, ctx, signals) -> bool:
+        return bool(started_B(ctx, signals).any())
+
+    def keep_counts(self, ctx, block, branch, scores_RN, signals):
+        cfg = self.config
+        diff_B = layer_entropy_difference_B(ctx, signals, block, cfg.first_block_reference)
+        r_B = layer_adjusted_ratio(cfg.r_base, diff_B, 0.0, cfg.lam)
+        signals.extras.setdefault(EXTRAS_KEY, {})[(ctx.scale_index, block)] = r_B
+        keep_B = keep_from_ratio(r_B, ctx.num_tokens, cfg.ratio_is)
+        return counts_for_rows(ctx, keep_B, started_B(ctx, signals), scores_RN.shape[0], scores_RN.device)
