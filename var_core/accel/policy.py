@@ -195,7 +195,7 @@ class AccelPolicy(Policy):
             counts = self.schedule.keep_counts(ctx, block, branch, scores, self.signals)
         if counts is None:
             return None
-        active_R = self._active_B.repeat(rows // B)
+        active_R = self._active_B.to(counts.device).repeat(rows // B)
         floor = max(self.config.min_keep, int(forced.sum()) if forced is not None else 0)
         counts = torch.where(active_R, counts.clamp(min=min(floor, N), max=N), torch.full_like(counts, N))
         n_max = int(counts.max())

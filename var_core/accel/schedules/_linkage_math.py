@@ -161,9 +161,9 @@ def lens_blocks_needed(num_blocks: int) -> frozenset[int]:
 
 
 def layer_linkage_needs(ctx, signals: Signals) -> Needs:
-    """Logit lens on blocks 0..L−2 at scales where some sample may be accelerated (the lens costs a head
+    """Logit lens on blocks 0..L−2 at scales the policy prunes for an accelerated sample (the lens costs a head
     projection per block, a sizeable fraction of a block on codebook VARs: never asked for on dense scales)."""
-    if not may_prune_at(ctx.scale_index, signals):
+    if not (signals.pruning_now and may_prune_at(ctx.scale_index, signals)):
         return NO_NEEDS
     return Needs(lens_blocks=lens_blocks_needed(ctx.num_blocks))
 

@@ -154,7 +154,8 @@ class ToProVARGate(Schedule):
         detail = self._detail_blocks(signals)
         if self.config.entropy_source == "previous_layer":
             # block l-1 of this scale (block 0 falls back to its latest earlier map: s_rep's at least)
-            return {b - 1 for b in detail if b >= 1} if may_prune_at(si, signals) else set()
+            pruning = signals.pruning_now and may_prune_at(si, signals)
+            return {b - 1 for b in detail if b >= 1} if pruning else set()
         return detail if may_prune_next(si, ctx.num_scales, signals) else set()
 
     def _gate_entropy(self, ctx, block: int, signals: Signals) -> torch.Tensor | None:
