@@ -42,7 +42,7 @@ def bench_presets(args) -> int:
     flops, results = {}, {}
     for name, policy in policies.items():
         results[name] = generate(adapter, labels, seeds, sampling, policy=policy, options=options)
-        flops[name] = count_flops(adapter, results[name], batch_size=B).total()
+        flops[name] = count_flops(adapter, results[name], batch_size=B).total
 
     variants = {name: (lambda p=policy: generate(adapter, labels, seeds, sampling, policy=p, options=options))
                 for name, policy in policies.items()}

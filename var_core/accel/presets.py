@@ -142,7 +142,7 @@ def skipvar() -> PolicyConfig:
     """
     return PolicyConfig(
         name="skipvar",
-        guidance=_c("guidance", "stop_at", scale=-3),
+        guidance=_c("guidance", "stop_at", start_scale=-3),
         skip=_c("skip", "skip_last", count=1),
     )
 
@@ -161,7 +161,7 @@ def stagevar() -> PolicyConfig:
         activation=_c("activation", "fixed", start_scale=-2),
         schedule=_c("schedule", "fixed_table", ratios=(0.5, 0.5)),
         restorer=_c("restorer", "static_cache", cache_scale=-3, refresh="latest"),
-        guidance=_c("guidance", "null_late", last_scales=2),
+        guidance=_c("guidance", "null_late", count=2),
         cfg_rows="shared",
         granularity="block",
     )
