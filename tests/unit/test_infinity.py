@@ -135,6 +135,29 @@ def test_random_tiny_loads_strictly_and_roundtrips_through_files(tiny, tmp_path)
     assert all(torch.equal(x, y) for x, y in zip(a.tokens, b.tokens))
 
 
+def test_sharded_transformer_directory_loads(tiny, tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    from var_core.models.zoo import load_infinity_files
+
+    sd = {k: v.contiguous() for k, v in tiny.model.state_dict().items() if not k.endswith("zero_k_bias")}
+    names = sorted(sd)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    for file, keys in shards.items():
+        save_file({k: sd[k] for k in keys}, str(folder / file))
+    index = {"weight_map": {k: file for file, keys in shards.items() for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    torch.save({"vae": tiny.vae.state_dict()}, tmp_path / "vae.pth")
+    model, vae = load_infinity_files(folder, tmp_path / "vae.pth", text_maxlen=tiny.cfg.text_maxlen)
+    assert model.cfg == tiny.cfg and vae.cfg == tiny.vae.cfg
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny.model.state_dict().values()))
+
+
 def test_missing_weights_errors_name_the_files(tmp_path):
     with pytest.raises(CheckpointError, match="infinity_2b_reg.pth"):
         load_model("infinity-2b")

@@ -1,4 +1,5 @@
-"""Named model specs: ``var-d16`` … ``var-d36``, ``testbed``, ``official-tiny``, and ``random:<name>``.
+"""Named model specs: ``var-d16`` … ``var-d36``, ``testbed``, ``official-tiny``, ``infinity-2b``, ``infinity-8b``,
+``infinity-tiny``, ``official-infinity-tiny``, and ``random:<name>``.
 
 ``load_model(name, weights=...)`` returns an engine adapter ready for ``var_core.engine.generate``.
 Weights always come from local files; ``random:<name>`` builds the architecture with seeded random weights
@@ -164,11 +165,13 @@ def _load_testbed(weights: str | Path | None, seed: int | None, random_weights: 
 
 
 def load_model(name: str = "testbed", weights: str | Path | None = None, vae_weights: str | Path | None = None,
-               device: str | torch.device = "cpu", seed: int = 0, dtype: torch.dtype = torch.float32):
+               device: str | torch.device = "cpu", seed: int = 0, dtype: torch.dtype = torch.float32, **options):
     """Return an engine adapter for a named model.
 
     ``name``: a zoo entry, or ``random:<entry>`` for the same architecture with weights drawn from ``seed``.
     ``weights``: a weight file or a directory holding the official file names.
+    ``options`` (Infinity only): ``text_encoder`` (a local flan-t5 directory, or an encoder object), ``pn``,
+    ``h_div_w``, ``num_scales``, ``schedule``, ``cfg_insertion_layer``, ``negative_prompt``.
     """
     from ..engine.adapters.var_adapter import VARAdapter
 
@@ -177,6 +180,10 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     if base not in ZOO:
         raise _unknown(name)
     spec = ZOO[base]
+    if spec.family == "infinity":
+        return load_infinity_model(name, weights, vae_weights, device=device, seed=seed, dtype=dtype, **options)
+    if options:
+        raise TypeError(f"unexpected options for the VAR model {name!r}: {sorted(options)}")
     if base == "testbed":
         var, vae = _load_testbed(weights, seed, random_weights)
     elif base == "official-tiny":
@@ -192,5 +199,239 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     var.to(device=device, dtype=dtype).eval().requires_grad_(False)
     vae.to(device=device).eval().requires_grad_(False)
     adapter = VARAdapter(var, vae)
+    adapter.model_name = name
+    return adapter
+
+
+# ================================================================================================================
+# Infinity (bitwise text-to-image)
+# ================================================================================================================
+T5_DIR_NAME = "flan-t5-xl"
+T5_ENV = "VARSCOPE_T5_DIR"
+
+
+def default_infinity_fixture_dir() -> Path:
+    """The official Infinity golden fixture: ``$VARSCOPE_INFINITY_FIXTURE`` or
+    ``../shared/fixtures/official_infinity_tiny``."""
+    env = os.environ.get("VARSCOPE_INFINITY_FIXTURE")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_infinity_tiny"
+
+
+@dataclass(frozen=True)
+class InfinitySpec:
+    """How to build / find one Infinity model. ``config`` None: inferred from the files (fixtures)."""
+
+    config: object | None  # InfinityConfig
+    vae_config: object | None  # BSQVAEConfig
+    weight_file: str | None  # file or sharded directory (official name), inside --weights DIR
+    vae_file: str | None
+    needs_t5: bool = True
+    pn: str = "1M"
+    num_scales: int | None = None
+
+
+def _infinity_specs() -> dict[str, InfinitySpec]:
+    from .bsq_vae import VAE_2B, VAE_8B, BSQVAEConfig
+    from .infinity import INFINITY_2B, INFINITY_8B, InfinityConfig
+
+    tiny = InfinityConfig(depth=4, embed_dim=64, num_heads=2, text_channels=128, text_maxlen=64, d_vae=16,
+                          block_chunks=2)
+    tiny_vae = BSQVAEConfig(codebook_dim=16, base_ch=32, encoder_ch_mult=(1, 1, 1, 1, 1),
+                            decoder_ch_mult=(1, 1, 1, 1, 1), patch_size=16)
+    return {
+        "infinity-2b": InfinitySpec(INFINITY_2B, VAE_2B, "infinity_2b_reg.pth", "infinity_vae_d32_reg.pth"),
+        "infinity-8b": InfinitySpec(INFINITY_8B, VAE_8B, "infinity_8b_weights", "infinity_vae_d56_f8_14_patchify.pth"),
+        "infinity-tiny": InfinitySpec(tiny, tiny_vae, "infinity.pth", "vae.pth", needs_t5=False, num_scales=5),
+        "official-infinity-tiny": InfinitySpec(None, None, "infinity.pth", "vae.pth", needs_t5=False),
+    }
+
+
+INFINITY_SPECS: dict[str, InfinitySpec] = _infinity_specs()
+ZOO.update({
+    spec.name: spec
+    for spec in (
+        ModelSpec("infinity-2b", "infinity", "official Infinity-2B (flan-t5-xl text, d32 BSQ-VAE), 1024px",
+                  weight_file="infinity_2b_reg.pth", vae_file="infinity_vae_d32_reg.pth"),
+        ModelSpec("infinity-8b", "infinity", "official Infinity-8B (flan-t5-xl text, d14 BSQ-VAE with 2x2 patchify), "
+                  "1024px", weight_file="infinity_8b_weights", vae_file="infinity_vae_d56_f8_14_patchify.pth"),
+        ModelSpec("infinity-tiny", "infinity", "a 4-layer, 64-wide Infinity on a 5-scale schedule (128px) with a tiny "
+                  "random text encoder; use random:infinity-tiny (tests, demos, CPU benchmarks)",
+                  weight_file="infinity.pth", vae_file="vae.pth"),
+        ModelSpec("official-infinity-tiny", "infinity", "the official-code golden fixture's random tiny Infinity "
+                  "(pre-encoded text or a random text encoder)", weight_file="infinity.pth", vae_file="vae.pth"),
+    )
+})
+
+
+def read_sharded_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A file, or a directory of shards (``*.index.json`` naming them, or every weight file in it)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return read_state_dict(path)
+    index = sorted(path.glob("*.index.json"))
+    if index:
+        weight_map = json.loads(index[0].read_text()).get("weight_map", {})
+        shards = sorted(set(weight_map.values()))
+    else:
+        shards = sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".pth", ".pt"))
+    if not shards:
+        raise CheckpointError(f"no weight shards in {path}: expected *.index.json with its shards, or "
+                              f"*.safetensors / *.bin / *.pth files")
+    merged: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        merged.update(read_state_dict(path / shard))
+    return merged
+
+
+def load_infinity_files(infinity_path: Path, vae_path: Path, **config_overrides):
+    """Load an official-layout Infinity transformer and BSQ-VAE (architecture inferred, strict load)."""
+    from .bsq_vae import BSQVAE, infer_bsq_vae_config, remap_vae_keys
+    from .infinity import Infinity, infer_infinity_config, prepare_infinity_state_dict
+
+    vae_sd = read_state_dict(vae_path)
+    try:
+        vae_cfg = infer_bsq_vae_config(vae_sd)
+    except KeyError as exc:
+        raise CheckpointError(f"{vae_path}: {exc}") from exc
+    vae = BSQVAE(vae_cfg)
+    load_strict(vae, remap_vae_keys(vae_sd, vae), "Infinity BSQ-VAE", vae_path)
+    inf_sd = read_sharded_state_dict(infinity_path)
+    try:
+        cfg = infer_infinity_config(inf_sd, **config_overrides)
+    except KeyError as exc:
+        raise CheckpointError(f"{infinity_path}: {exc}") from exc
+    model = Infinity(cfg)
+    load_strict(model, prepare_infinity_state_dict(inf_sd, model), "Infinity", infinity_path)
+    return model, vae
+
+
+def build_infinity_pair(cfg, vae_cfg, seed: int = 0):
+    """Infinity + BSQ-VAE with seeded random weights (private RNG; the global RNG state is untouched)."""
+    from .bsq_vae import BSQVAE
+    from .infinity import Infinity, randomize_infinity_
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vae = BSQVAE(vae_cfg)
+    with torch.device("meta"):  # every parameter is redrawn below: skip the default initialisation
+        model = Infinity(cfg)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            buf.zero_()  # the zero_k_bias buffers (the only buffers)
+    randomize_infinity_(model, seed)
+    return model, vae
+
+
+def _t5_encoder(spec_name: str, text_encoder, weights: Path | None, device, dtype):
+    """The flan-t5 encoder for a real Infinity model, from an explicit directory, ``--weights DIR/flan-t5-xl``
+    or ``$VARSCOPE_T5_DIR``."""
+    from .text_encoder import T5TextEncoder
+
+    if text_encoder is not None and not isinstance(text_encoder, (str, Path)):
+        return text_encoder  # an encoder object
+    candidates = []
+    if text_encoder is not None:
+        candidates.append(Path(text_encoder).expanduser())
+    else:
+        if weights is not None and Path(weights).is_dir():
+            candidates.append(Path(weights) / T5_DIR_NAME)
+        if os.environ.get(T5_ENV):
+            candidates.append(Path(os.environ[T5_ENV]).expanduser())
+    if not candidates:
+        raise CheckpointError(
+            f"model {spec_name!r} needs the flan-t5-xl text encoder: pass text_encoder=DIR (--text-encoder), put "
+            f"it at --weights DIR/{T5_DIR_NAME}, or set ${T5_ENV}. The directory must hold config.json, the model "
+            f"weights (model.safetensors or pytorch_model.bin, or their *.index.json and shards) and the tokenizer "
+            f"(spiece.model or tokenizer.json). Nothing is downloaded."
+        )
+    t5_dtype = torch.float16 if torch.device(device).type == "cuda" and dtype != torch.float32 else torch.float32
+    errors = []
+    for path in candidates:
+        try:
+            return T5TextEncoder(path, device=device, dtype=t5_dtype)
+        except FileNotFoundError as exc:
+            errors.append(str(exc))
+    raise CheckpointError("; ".join(errors))
+
+
+def load_infinity_model(name: str, weights=None, vae_weights=None, device="cpu", seed: int = 0,
+                        dtype: torch.dtype = torch.float32, text_encoder=None, pn: str | None = None,
+                        h_div_w: float = 1.0, num_scales: int | None = None, schedule=None,
+                        cfg_insertion_layer: int = 0, negative_prompt=None):
+    """An :class:`~var_core.engine.adapters.infinity_adapter.InfinityAdapter` for a named Infinity model."""
+    from ..engine.adapters.infinity_adapter import InfinityAdapter
+    from .text_encoder import RandomTextEncoder
+
+    random_weights = name.startswith("random:")
+    base = name.removeprefix("random:")
+    spec = INFINITY_SPECS[base]
+    zoo_spec = ZOO[base]
+    default_num_scales = spec.num_scales
+    if base == "official-infinity-tiny":
+        folder = Path(weights) if weights is not None else default_infinity_fixture_dir()
+        if not (folder / "config.json").is_file():
+            raise CheckpointError(
+                f"official Infinity fixture not found in {folder}: expected config.json, infinity.pth, vae.pth. Set "
+                f"VARSCOPE_INFINITY_FIXTURE or pass --weights pointing at a folder in that format"
+            )
+        config = json.loads((folder / "config.json").read_text())
+        kwargs = config.get("infinity_ctor_kwargs", {})
+        model, vae = load_infinity_files(folder / "infinity.pth", folder / "vae.pth",
+                                         apply_spatial_patchify=bool(kwargs.get("apply_spatial_patchify", 0)),
+                                         text_maxlen=int(kwargs.get("text_maxlen", 512)))
+        if random_weights:
+            model, vae = build_infinity_pair(model.cfg, vae.cfg, seed)
+        if schedule is None and pn is None and num_scales is None:
+            schedule = [tuple(s) for s in config["scale_schedule"]]
+    elif random_weights:
+        model, vae = build_infinity_pair(spec.config, spec.vae_config, seed)
+    else:
+        if weights is None:
+            raise CheckpointError(
+                f"model {base!r} needs local weights: pass --weights DIR (holding {zoo_spec.weight_file}, "
+                f"{zoo_spec.vae_file}" + (f" and {T5_DIR_NAME}/" if spec.needs_t5 else "") + f") or --weights "
+                f"{zoo_spec.weight_file} --vae-weights {zoo_spec.vae_file}; or use 'random:{base}' for seeded random "
+                f"weights"
+            )
+        weights = Path(weights).expanduser()
+        if weights.is_dir() and (weights / spec.weight_file).exists():
+            inf_path = weights / spec.weight_file
+            vae_path = weights / spec.vae_file
+        else:
+            inf_path, vae_path = weights, weights.parent / spec.vae_file
+        if vae_weights is not None:
+            vae_path = Path(vae_weights).expanduser()
+        for what, path in (("transformer", inf_path), ("VAE", vae_path)):
+            if not path.exists():
+                raise CheckpointError(f"Infinity {what} weights not found: {path} (expected the official file "
+                                      f"{spec.weight_file if what == 'transformer' else spec.vae_file})")
+        overrides = {}
+        if spec.config is not None:
+            overrides = dict(apply_spatial_patchify=spec.config.apply_spatial_patchify,
+                             text_maxlen=spec.config.text_maxlen)
+        model, vae = load_infinity_files(inf_path, vae_path, **overrides)
+    cfg = model.cfg
+    if spec.needs_t5 and not random_weights:
+        encoder = _t5_encoder(base, text_encoder, weights if not random_weights else None, device, dtype)
+    elif text_encoder is not None and not isinstance(text_encoder, (str, Path)):
+        encoder = text_encoder
+    elif text_encoder is not None:
+        encoder = _t5_encoder(base, text_encoder, None, device, dtype)
+    else:
+        encoder = RandomTextEncoder(out_dim=cfg.text_channels, max_length=cfg.text_maxlen, seed=seed)
+        encoder.to(device)
+    if encoder.out_dim != cfg.text_channels:
+        raise CheckpointError(f"the text encoder gives {encoder.out_dim}-dim features but {base} reads "
+                              f"{cfg.text_channels}")
+    model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    vae.to(device=device).eval().requires_grad_(False)
+    if schedule is None and pn is None and num_scales is None:
+        num_scales = default_num_scales
+    adapter = InfinityAdapter(model, vae, encoder, schedule=schedule, pn=pn or "1M", h_div_w=h_div_w,
+                              num_scales=num_scales, cfg_insertion_layer=cfg_insertion_layer,
+                              negative_prompt=negative_prompt)
     adapter.model_name = name
     return adapter

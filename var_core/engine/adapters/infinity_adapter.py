@@ -17,6 +17,10 @@ through THE engine loop. Conventions (official ``autoregressive_infer_cfg``, see
 * ``decode`` returns RGB ``[B, 3, H, W]`` in ``[0, 1]`` (the official returns BGR uint8 HWC: ``flip`` and
   ``·255 → uint8`` with truncation to compare).
 
+Conditions: prompts (``list[str]``), pre-encoded :class:`TextTokens`, the official packed tuple, or
+:class:`InfinityConditions` (with a negative prompt). Integer class labels (what class-conditional benchmark
+commands pass) become the prompts ``LABEL_PROMPT.format(label=k)``, so every command can run an Infinity model.
+
 Text encoding is reported separately: ``begin`` wraps it in ``self.tracer.span("text_encode")`` (assign a
 tracer to ``adapter.tracer``), and :meth:`InfinityAdapter.encode_prompts` lets a caller pre-encode (and time)
 prompts and pass the :class:`TextTokens` as the conditions.
@@ -24,7 +28,7 @@ prompts and pass the :class:`TextTokens` as the conditions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -64,8 +68,19 @@ class InfinityState:
     text_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per block: cross-attention K, V [R, H, L, hd]
     text_mask_RL: torch.Tensor
     summed_codes: torch.Tensor  # [B, d, 1, H, W] on the VAE grid
-    text: TextContext | None = None
-    extras: dict = field(default_factory=dict)
+    text: TextContext | None = None  # the encoded text of the initial row layout (for observers)
+
+
+LABEL_PROMPT = "a photo of object class {label}"
+
+
+def _as_class_labels(conditions) -> list[int] | None:
+    """Integer class labels (a tensor or a list of ints), or None."""
+    if isinstance(conditions, torch.Tensor) and not conditions.is_floating_point() and conditions.ndim <= 1:
+        return [int(k) for k in conditions.view(-1).tolist()]
+    if isinstance(conditions, (list, tuple)) and conditions and all(isinstance(k, int) for k in conditions):
+        return [int(k) for k in conditions]
+    return None
 
 
 class InfinityAdapter(ModelAdapter):
@@ -73,6 +88,8 @@ class InfinityAdapter(ModelAdapter):
 
     family = "infinity"
     branches = ("attn", "cross", "ffn")
+    # the notebooks' 2B setting (scripts/infer.sh uses cfg 4); top_k 900 has no effect on two-way bit draws
+    default_sampling = SamplingConfig(cfg=3.0, top_k=900, top_p=0.97, temperature=0.5)
 
     def __init__(self, model: Infinity, vae: BSQVAE, text_encoder=None, *, schedule: Sequence | None = None,
                  pn: str = "1M", h_div_w: float = 1.0, num_scales: int | None = None, cfg_insertion_layer: int = 0,
@@ -136,9 +153,12 @@ class InfinityAdapter(ModelAdapter):
     def with_schedule(self, schedule: Sequence | None = None, *, pn: str = "1M", h_div_w: float = 1.0,
                       num_scales: int | None = None) -> "InfinityAdapter":
         """A new adapter over the same modules for another resolution / aspect ratio."""
-        return InfinityAdapter(self.model, self.vae, self.text_encoder, schedule=schedule, pn=pn, h_div_w=h_div_w,
-                               num_scales=num_scales, cfg_insertion_layer=self.cfg_insertion_layer,
-                               negative_prompt=self.negative_prompt, tracer=self.tracer)
+        other = InfinityAdapter(self.model, self.vae, self.text_encoder, schedule=schedule, pn=pn, h_div_w=h_div_w,
+                                num_scales=num_scales, cfg_insertion_layer=self.cfg_insertion_layer,
+                                negative_prompt=self.negative_prompt, tracer=self.tracer)
+        if hasattr(self, "model_name"):
+            other.model_name = self.model_name
+        return other
 
     # ----- conditions ---------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: str | Sequence[str]) -> TextTokens:
@@ -158,8 +178,13 @@ class InfinityAdapter(ModelAdapter):
         if isinstance(text, str) or (isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text)):
             with self.tracer.span("text_encode"):
                 return self.encode_prompts(text)
+        labels = _as_class_labels(text)
+        if labels is not None:  # class-conditional callers (generic benchmarks): one fixed prompt per label
+            with self.tracer.span("text_encode"):
+                return self.encode_prompts([LABEL_PROMPT.format(label=k) for k in labels])
         raise TypeError("Infinity conditions must be prompts (list[str]), TextTokens, the official packed tuple "
-                        f"(kv_compact, lens, cu_seqlens_k, max_seqlen_k) or InfinityConditions; got {type(text)}")
+                        f"(kv_compact, lens, cu_seqlens_k, max_seqlen_k), InfinityConditions or integer class labels; "
+                        f"got {type(text)}")
 
     def _split_conditions(self, conditions) -> tuple[TextTokens, TextTokens | None]:
         negative = self.negative_prompt
@@ -303,7 +328,8 @@ class InfinityAdapter(ModelAdapter):
             state.summed_codes = state.summed_codes + codes
         else:
             state.summed_codes = state.summed_codes + F.interpolate(codes, size=full, mode="trilinear")
-        return codes.squeeze(2)
+        residual = codes.squeeze(2)  # ±1/√d codes on the VAE grid; on the token grid (4d channels) with patchify
+        return patchify_latent(residual) if self.patchify else residual
 
     def decode(self, state: InfinityState) -> torch.Tensor:
         return self.vae.decode(state.summed_codes.squeeze(-3)).add(1).mul(0.5)

@@ -1,0 +1,230 @@
+"""Check our Infinity (transformer + BSQ-VAE + engine loop) against golden outputs of the official code.
+
+Called by ``python -m var_core.verify FOLDER`` for folders in the format of
+``shared/fixtures/official_infinity_tiny`` (config.json, ``vae.pth``, ``infinity.pth``, ``inputs.pt``, golden
+files), whatever their depth, width, bit count (2×2 patchify included), aspect ratio and batch. Tolerances are
+the fixture README's: integer tensors (bits) exact; ``1e-4`` for logits, hidden states, raw features and
+next-scale inputs; ``3e-4`` for guided logits; ``1e-6`` for codes and running sums; ``5e-4`` for float images;
+the uint8 BGR image may differ by one level on at most 0.1 % of the values. RNG-dependent goldens are optional
+(``INFO`` on a mismatch: they need the same generator calls on bit-identical probabilities).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .engine.context import ScalePlan
+from .engine.policy import Policy
+from .verify import Check, _close, _identical
+
+TOL_HIDDEN = 1e-4
+TOL_CFG_LOGITS = 3e-4
+TOL_CODES = 1e-6
+TOL_IMAGE = 5e-4
+UINT8_MAX_FRACTION = 1e-3
+
+
+def load_fixture_models(folder: Path):
+    """``(infinity, vae, config)`` from a fixture folder, through our own loaders (strict)."""
+    from .models.zoo import load_infinity_files
+
+    config = json.loads((folder / "config.json").read_text())
+    kwargs = config.get("infinity_ctor_kwargs", {})
+    overrides = {}
+    if "apply_spatial_patchify" in kwargs:
+        overrides["apply_spatial_patchify"] = bool(kwargs["apply_spatial_patchify"])
+    if "text_maxlen" in kwargs:
+        overrides["text_maxlen"] = int(kwargs["text_maxlen"])
+    model, vae = load_infinity_files(folder / "infinity.pth", folder / "vae.pth", **overrides)
+    for key in ("depth", "embed_dim", "num_heads", "block_chunks", "text_channels"):
+        if key in kwargs and int(kwargs[key]) != getattr(model.cfg, key):
+            raise ValueError(f"config.json says {key}={kwargs[key]} but infinity.pth has {getattr(model.cfg, key)}")
+    return model.eval().requires_grad_(False), vae.eval().requires_grad_(False), config
+
+
+def _uint8_bgr(images_B3HW: torch.Tensor) -> torch.Tensor:
+    """Our RGB [0, 1] images → the official return value (uint8, truncated, HWC, BGR)."""
+    return images_B3HW.permute(0, 2, 3, 1).mul(255).to(torch.uint8).flip(dims=(3,))
+
+
+def _uint8_check(name, ours: torch.Tensor, golden: torch.Tensor) -> Check:
+    if ours.shape != golden.shape:
+        return Check(name, False, f"shape {tuple(ours.shape)} != {tuple(golden.shape)}", "≤1 on ≤0.1%")
+    diff = (ours.int() - golden.int()).abs()
+    off = int((diff > 0).sum())
+    ok = int(diff.max()) <= 1 and off <= UINT8_MAX_FRACTION * diff.numel()
+    return Check(name, ok, f"max {int(diff.max())}, {off}/{diff.numel()} off", "≤1 on ≤0.1%")
+
+
+def _bit_logits(guided_BNV: torch.Tensor) -> torch.Tensor:
+    B, N, V = guided_BNV.shape
+    return guided_BNV.reshape(B, N * (V // 2), 2)
+
+
+class _BlockRecorder(Policy):
+    """Records every block's output (all network rows) at every scale; changes nothing."""
+
+    name = "verify/block-recorder"
+
+    def start(self, info) -> None:
+        self.outputs: list[list[torch.Tensor]] = []
+
+    def plan_scale(self, ctx) -> ScalePlan:
+        self.outputs.append([])
+        return ScalePlan(observe_blocks=True)
+
+    def observe_block(self, ctx, block, x_in_RNC, x_out_RNC) -> None:
+        self.outputs[-1].append(x_out_RNC)
+
+
+def verify_infinity_fixture(folder: Path) -> list[Check]:
+    from .engine import GenerationOptions, SamplingConfig, generate
+    from .engine.adapters.infinity_adapter import InfinityAdapter, InfinityConditions
+    from .models.text_encoder import TextTokens
+
+    folder = Path(folder)
+    model, vae, config = load_fixture_models(folder)
+    checks: list[Check] = []
+    inputs = torch.load(folder / "inputs.pt", map_location="cpu", weights_only=True)
+    patchify = model.cfg.apply_spatial_patchify
+
+    # ---- tokenizer ---------------------------------------------------------------------------------------------
+    gv = torch.load(folder / "golden_vae.pt", map_location="cpu", weights_only=True)
+    vae_sched = [tuple(int(v) for v in s) for s in gv["vae_scale_schedule"]]
+    with torch.no_grad():
+        feat, summed, bits, var_inputs = vae.encode(inputs["image"], vae_sched)
+        checks.append(_close("vae/raw_features", feat, gv["raw_features"], TOL_HIDDEN))
+        checks.append(_identical("vae/bit_indices", [b.int() for b in bits], [b.int() for b in gv["bit_indices"]]))
+        checks.append(_close("vae/quantized_sum", summed, gv["quantized_sum"], TOL_CODES))
+        checks.append(_close("vae/var_input", var_inputs, gv["var_input"], TOL_CODES))
+        checks.append(_close("vae/recon", vae.decode(summed), gv["recon"], TOL_IMAGE))
+        from_bits = vae.summed_codes_from_bits(gv["bit_indices"], vae_sched)
+        checks.append(_close("vae/summed_codes_from_bits", from_bits, gv["summed_codes_from_bits"], TOL_CODES))
+
+    # ---- teacher forcing ---------------------------------------------------------------------------------------
+    tf_path = folder / "golden_teacher_forcing.pt"
+    if tf_path.exists():
+        tf = torch.load(tf_path, map_location="cpu", weights_only=True)
+        schedule = [tuple(int(v) for v in s) for s in tf["scale_schedule"]]
+        adapter = InfinityAdapter(model, vae, schedule=schedule)
+        text = TextTokens.from_official(tf["label_B_or_BLT"])
+        with torch.no_grad():
+            x_in = _teacher_forcing_input(adapter, vae, bits, vae_sched)
+            checks.append(_close("teacher_forcing/x_BLC_wo_prefix", x_in, tf["x_BLC_wo_prefix"], TOL_HIDDEN))
+            gt_bits = torch.cat([_transformer_bits(adapter, b, si) for si, b in enumerate(bits)], dim=1)
+            checks.append(_identical("teacher_forcing/gt_bits", [gt_bits.to(torch.uint8)], [tf["gt_bits_BLd"]]))
+            logits, inter = model(text, tf["x_BLC_wo_prefix"], schedule, return_intermediates=True)
+        mask = inter["mask"]
+        checks.append(_close("teacher_forcing/text_norm_out", inter["text_norm_out"][mask], tf["text_norm_out"],
+                             TOL_HIDDEN))
+        checks.append(_close("teacher_forcing/cond_BD", inter["cond_BD"], tf["cond_BD"], TOL_HIDDEN))
+        checks.append(_close("teacher_forcing/ca_kv", inter["ca_kv"][mask], tf["ca_kv"], TOL_HIDDEN))
+        checks.append(_close("teacher_forcing/cond_BD_or_gss", inter["cond_BD_or_gss"], tf["cond_BD_or_gss"],
+                             TOL_HIDDEN))
+        checks.append(_close("teacher_forcing/block0_input", inter["block0_input"], tf["block0_input"], TOL_HIDDEN))
+        checks.append(_close("teacher_forcing/block_outputs", inter["block_outputs"], tf["block_outputs"], TOL_HIDDEN))
+        checks.append(_close("teacher_forcing/logits", logits, tf["logits_BLV"], TOL_HIDDEN))
+        if "loss" in tf:
+            B, L, V = logits.shape
+            ce = F.cross_entropy(logits.reshape(-1, 2), tf["gt_bits_BLd"].reshape(-1).long(), reduction="none")
+            per_token = ce.view(B, L, V // 2).mean(-1)
+            loss = per_token.mul(1 / L).sum(-1).mean()
+            checks.append(_close("teacher_forcing/bit_ce_per_token", per_token, tf["bit_ce_per_token"], TOL_HIDDEN))
+            checks.append(_close("teacher_forcing/loss", loss, torch.tensor(float(tf["loss"])), TOL_HIDDEN))
+
+    # ---- autoregressive inference through the engine loop ------------------------------------------------------
+    for path in sorted(folder.glob("golden_ar_*.pt")):
+        g = torch.load(path, map_location="cpu", weights_only=True)
+        args = g["args"]
+        sched = [tuple(int(v) for v in s) for s in g["scale_schedule"]]
+        cfg_values, tau_values = set(args["cfg_list"]), set(args["tau_list"])
+        tag = path.stem.removeprefix("golden_")
+        if len(cfg_values) != 1 or len(tau_values) != 1:
+            checks.append(Check(f"{tag}", None, "skipped", "per-scale cfg/tau lists are not supported"))
+            continue
+        insertion = [int(v) for v in args.get("cfg_insertion_layer", [0])]
+        if len(insertion) != 1:
+            checks.append(Check(f"{tag}", None, "skipped", "several cfg insertion layers are not supported"))
+            continue
+        adapter = InfinityAdapter(model, vae, schedule=sched, cfg_insertion_layer=insertion[0])
+        text = TextTokens.from_official(g["label_B_or_BLT"])
+        negative = g.get("negative_label_B_or_BLT")
+        conditions = InfinityConditions(text, TextTokens.from_official(negative) if negative else None)
+        sampling = SamplingConfig(cfg=float(next(iter(cfg_values))), top_k=int(args["top_k"]),
+                                  top_p=float(args["top_p"]), temperature=float(next(iter(tau_values))))
+        rng_free = int(args["top_k"]) == 1
+        recorder = _BlockRecorder() if "block_outputs" in g else None
+        options = GenerationOptions(decode=rng_free and ("img_float" in g or "img_uint8_bgr" in g))
+        if rng_free:
+            result = generate(adapter, conditions, seeds=[0] * text.rows, sampling=sampling, policy=recorder,
+                              options=options)
+        else:
+            gen = torch.Generator().manual_seed(int(args["g_seed"]))
+            result = generate(adapter, conditions, sampling=sampling, shared_generator=gen, options=options)
+        ours_bits = [t.to(torch.uint8) for t in result.tokens]
+        if not rng_free:
+            checks.append(_identical(f"optional/{tag}/bits", ours_bits, g["bits"], optional=True))
+            continue
+        checks.append(_identical(f"{tag}/bits", ours_bits, g["bits"]))
+        checks.append(_close(f"{tag}/cfg_logits", [_bit_logits(r.guided_logits_BNV) for r in result.records],
+                             g["cfg_logits"], TOL_CFG_LOGITS))
+        if "raw_logits" in g:
+            rows = g["raw_logits"][0].shape[0]
+            checks.append(_close(f"{tag}/raw_logits", [r.raw_logits_RNV[:rows] for r in result.records],
+                                 g["raw_logits"], TOL_HIDDEN))
+        trajectory = _latent_trajectory(adapter, result.tokens)
+        if "next_input" in g:
+            nxt = [adapter.next_input(trajectory["summed"][si], si + 1) for si in range(len(sched) - 1)]
+            checks.append(_close(f"{tag}/next_input", nxt, g["next_input"], TOL_HIDDEN))
+        if "codes" in g:
+            checks.append(_close(f"{tag}/codes", trajectory["codes"], g["codes"], TOL_CODES))
+        if "summed_codes" in g:
+            checks.append(_close(f"{tag}/summed_codes", trajectory["summed"], g["summed_codes"], TOL_CODES))
+        if "summed_codes_last" in g:
+            checks.append(_close(f"{tag}/summed_codes_last", result.latent, g["summed_codes_last"], TOL_CODES))
+        if "img_float" in g:
+            checks.append(_close(f"{tag}/img_float", result.images * 2 - 1, g["img_float"], TOL_IMAGE))
+        if "img_uint8_bgr" in g:
+            checks.append(_uint8_check(f"{tag}/img_uint8_bgr", _uint8_bgr(result.images), g["img_uint8_bgr"]))
+        if recorder is not None:
+            checks.append(_close(f"{tag}/block_outputs", [x for scale in recorder.outputs for x in scale],
+                                 [x for scale in g["block_outputs"] for x in scale], TOL_HIDDEN))
+    return checks
+
+
+def _transformer_bits(adapter, vae_bits_B1hwd: torch.Tensor, si: int) -> torch.Tensor:
+    """VAE bits of a scale → transformer bits ``[B, h·w, d_vae]`` (2×2 pixel-unshuffle with the patchify)."""
+    bits = vae_bits_B1hwd.squeeze(1)
+    if adapter.patchify:
+        bits = F.pixel_unshuffle(bits.permute(0, 3, 1, 2).float(), 2).permute(0, 2, 3, 1)
+    return bits.reshape(bits.shape[0], -1, bits.shape[-1])
+
+
+def _teacher_forcing_input(adapter, vae, vae_bits, vae_sched) -> torch.Tensor:
+    """``x_BLC_wo_prefix`` from the VAE bits: per later scale, the trilinear downsampling of the running sum."""
+    full = tuple(vae_sched[-1])
+    summed = None
+    parts = []
+    for si, bits in enumerate(vae_bits[:-1]):
+        codes = F.interpolate(vae.bits_to_codes(bits), size=full, mode="trilinear")
+        summed = codes if summed is None else summed + codes
+        parts.append(adapter.next_input(summed, si + 1))
+    return torch.cat(parts, dim=1)
+
+
+def _latent_trajectory(adapter, tokens) -> dict:
+    """Codes and running sums after each scale, recomputed from the bits with plain torch."""
+    codes_list, summed_list = [], []
+    summed = None
+    full = adapter.vae_schedule[-1]
+    for si, bits in enumerate(tokens):
+        codes = adapter.vae.bits_to_codes(adapter.bits_to_vae_grid(bits, si))
+        codes_list.append(codes)
+        up = codes if tuple(codes.shape[2:]) == tuple(full) else F.interpolate(codes, size=full, mode="trilinear")
+        summed = up if summed is None else summed + up
+        summed_list.append(summed)
+    return {"codes": codes_list, "summed": summed_list}
