@@ -139,6 +139,7 @@ def test_shipped_classifier_accuracy(heldout200):
 
 
 @needs_weights
+@pytest.mark.filterwarnings("ignore:Metric .* will save all extracted features")
 def test_feature_wrappers_with_torchmetrics(heldout200):
     from torchmetrics.image.fid import FrechetInceptionDistance
     from torchmetrics.image.inception import InceptionScore
