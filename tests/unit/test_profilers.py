@@ -64,6 +64,10 @@ class HalfLastScale(Policy):
 
     def __init__(self, cond_only_from: int | None = None):
         self.cond_only_from = cond_only_from
+        self.tracer = NULL_TRACER
+
+    def start(self, info):
+        self.tracer = info.tracer
 
     def plan_scale(self, ctx):
         guidance = None
@@ -73,9 +77,10 @@ class HalfLastScale(Policy):
         return ScalePlan(prune=ctx.is_last, guidance=guidance)
 
     def plan_block(self, ctx, block, branch, x_RNC):
-        R, N, _ = x_RNC.shape
-        n = N // 2
-        return torch.arange(n, device=x_RNC.device).expand(R, n).contiguous()
+        with self.tracer.span("accel/scorer"):  # nested in the loop's "plan" span: inherits scale and block
+            R, N, _ = x_RNC.shape
+            n = N // 2
+            return torch.arange(n, device=x_RNC.device).expand(R, n).contiguous()
 
 
 # ----- timers -------------------------------------------------------------------------------------------------
@@ -156,6 +161,7 @@ def test_record_function_ranges_in_chrome_trace(small_adapter, tmp_path):
     timer = ComponentTimer(device="cpu")
     run = profile_generate(
         small_adapter, [1], seeds=[0], sampling=GREEDY, options=GenerationOptions(check_finite=False),
+        policy=HalfLastScale(),
         schedule=ProfileSchedule(wait=0, warmup=0, active=1), out_dir=tmp_path, extra_tracer=timer,
     )
     assert timer.generations == 1  # the composite tracer fed the timer too
@@ -164,7 +170,8 @@ def test_record_function_ranges_in_chrome_trace(small_adapter, tmp_path):
     names = {event.get("name") for event in trace["traceEvents"]}
     last = small_adapter.num_scales - 1
     expected = {"scale0/block0/attn", "scale0/block1/ffn", f"scale{last}/head", f"scale{last}/sampling",
-                f"scale{last}/latent_update", f"scale{last}", "vq_decode"}
+                f"scale{last}/latent_update", f"scale{last}", "vq_decode", f"scale{last}/block1/plan",
+                f"scale{last}/block1/restore", f"scale{last}/accel/scorer"}
     assert expected <= names, expected - names
     ops = run.ops_per_range()
     attn_ops = set(ops.loc[ops["range"] == f"scale{last}/block0/attn", "op"])
@@ -293,8 +300,12 @@ def test_breakdown_frames_and_plots(small_adapter, tmp_path):
     summary = per_scale_summary(timer, flops, memory)
     assert list(summary.index) == list(range(small_adapter.num_scales))
     assert summary["tokens_computed"].iloc[-1] == 2 * 2 * 8  # 2 blocks x 2 branches x 8 of 16 tokens
+    last = small_adapter.num_scales - 1
+    scorer = timer.frame().query("component == 'accel/scorer'")
+    assert set(scorer["scale"]) == {last} and set(scorer["block"]) == {0, 1} and not scorer["top_level"].any()
     table = scale_breakdown(timer, flops=flops)
-    assert table.index.name == f"scale {small_adapter.num_scales - 1}"
+    assert table.index.name == f"scale {last}"
+    assert "accel: scorer" in table.index and "token selection (plan)" in table.index
     assert table.drop(index="total (scale window)")["share"].sum() == pytest.approx(100, abs=1e-6)
     heat = layer_heatmap_frame(flops)
     assert heat.shape == (2, small_adapter.num_scales)

@@ -1,0 +1,538 @@
+"""Analytic FLOPs of a next-scale generation, following the tokens the loop actually computed.
+
+What is counted
+---------------
+Matrix-multiply FLOPs, ``2·m·n·k`` per product (one multiply-add = 2 FLOPs), the same convention as
+``torch.utils.flop_counter.FlopCounterMode`` (linear/matmul/bmm/conv/attention): element-wise work (norms,
+activations, softmax, sampling, top-k/top-p) and bias additions are **not** counted. The counts follow
+``GenerationResult.records``:
+
+* per scale, rows ``R`` = ``2B`` while both guidance halves run, ``B`` after guidance stops (``record.guidance``);
+  skipped scales cost nothing and append no keys;
+* per block and per branch, the number of tokens actually computed (``record.kept_tokens``, in
+  ``adapter.branches`` order);
+* the attention of block ``l`` at scale ``k`` runs its ``n`` queries over the KV length that block has
+  accumulated so far **including** this scale's keys (with pruning a block appends only its attention-branch
+  kept tokens, so each block has its own length).
+
+VAR (family ``"var"``), per network row, ``C`` = width, ``H_m`` = MLP hidden, ``V`` = vocabulary:
+
+=================  ======================================================  ===================================
+component / op     FLOPs                                                   where
+=================  ======================================================  ===================================
+condition          ``2·R0·C·6C`` per block (``2·R0·C·6C`` once if shared)  AdaLN modulation, once per generation
+embed              ``2·B·N·C_vae·C`` (scales ≥ 1; computed on B samples)   ``word_embed``
+attn/qkv           ``2·n·C·3C``                                            ``mat_qkv``
+attn/scores        ``2·n·L·C`` (all heads: ``H·2·n·L·d_head``)             QKᵀ over the L cached keys
+attn/pv            ``2·n·L·C``                                             probabilities × V
+attn/proj          ``2·n·C·C``                                             output projection
+ffn/fc1, ffn/fc2   ``2·n·C·H_m`` each                                      MLP
+head/adaln         ``2·R·C·2C``                                            ``head_nm.ada_lin`` (every scale)
+head/logits        ``2·R·N·C·V``                                           ``head``
+latent_update/phi  ``2·B·h·w·C_vae²·9`` (only where Phi is a conv)         quantizer Phi at full latent size
+vq_decode          measured with FlopCounterMode on fake tensors           optional (``include_decode``)
+=================  ======================================================  ===================================
+
+Other families plug in through :func:`register_family_formulas` (per-branch formulas keyed by
+``adapter.family``). An ``"infinity"`` entry is provided as a hook: it adds a ``cross`` branch attending to
+``text_len`` text tokens, a bitwise head of ``2·d`` outputs (``head_out``), and an optional gated (SwiGLU) MLP;
+build its :class:`ArchSpec` explicitly until an Infinity adapter exists.
+
+Also here: :func:`gflops_vs_resolution`, the theoretical next-scale vs next-token (raster AR with a KV cache)
+comparison of the papers' Figure 2b (plot: :func:`profilers.breakdown.plot_gflops_vs_resolution`), and the CPU
+attention FLOP formula for ``FlopCounterMode`` (:func:`register_cpu_sdpa_flop_formula`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from var_core.engine.context import GuidanceMode, ScaleRecord
+
+__all__ = [
+    "ArchSpec", "FamilyFormulas", "FlopReport", "FlopRow", "FAMILY_FORMULAS", "arch_from_adapter",
+    "count_flops", "count_record_flops", "decode_flops", "flop_counter_mode", "gflops_vs_resolution",
+    "measure_flops", "next_scale_schedule", "next_scale_transformer_flops", "next_token_transformer_flops",
+    "register_cpu_sdpa_flop_formula", "register_family_formulas", "VAR_PATCH_NUMS_256", "VAR_PATCH_NUMS_512",
+    "INFINITY_SCHEDULE_1024",
+]
+
+VAR_PATCH_NUMS_256 = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
+VAR_PATCH_NUMS_512 = (1, 2, 3, 4, 6, 9, 13, 18, 24, 32)
+INFINITY_SCHEDULE_1024 = (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)
+
+
+# ----- architecture description -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ArchSpec:
+    """The sizes FLOPs and memory depend on (family-generic; VAR fills it from its config)."""
+
+    family: str
+    depth: int
+    embed_dim: int  # C
+    num_heads: int
+    mlp_hidden: int  # H_m
+    head_out: int  # V (VAR vocabulary) or 2·d (Infinity bitwise head)
+    latent_channels: int  # the embedding input width (VAR C_vae, Infinity d)
+    scale_hw: tuple[tuple[int, int], ...]
+    latent_hw: tuple[int, int]  # full latent resolution (where the latent update runs)
+    branches: tuple[str, ...] = ("attn", "ffn")
+    shared_aln: bool = False
+    phi_conv: tuple[bool, ...] = ()  # VAR: per scale, whether the quantizer's Phi is a 3x3 conv
+    text_len: int = 0  # Infinity: text tokens seen by cross-attention
+    cross_kv_per_scale: bool = True  # Infinity: text K/V recomputed at every scale (official code) or once
+    mlp_gated: bool = False  # SwiGLU-style MLP (three matrices)
+    param_bytes: int = 4  # element size of weights / activations (fp32 = 4, bf16 = 2)
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(h * w for h, w in self.scale_hw)
+
+
+def _var_arch(adapter) -> ArchSpec:
+    cfg = adapter.cfg
+    quantize = adapter.vae.quantize
+    phi_conv = tuple(isinstance(quantize.quant_resi[quantize.phi_index(si)], torch.nn.Conv2d)
+                     for si in range(len(cfg.patch_nums)))
+    param = next(adapter.var.parameters())
+    p = cfg.patch_nums[-1]
+    return ArchSpec(
+        family="var", depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+        mlp_hidden=cfg.mlp_hidden, head_out=cfg.vocab_size, latent_channels=cfg.z_channels,
+        scale_hw=tuple(adapter.scale_hw), latent_hw=(p, p), branches=tuple(adapter.branches),
+        shared_aln=cfg.shared_aln, phi_conv=phi_conv, param_bytes=param.element_size(),
+    )
+
+
+ARCH_BUILDERS: dict[str, Callable] = {"var": _var_arch}
+
+
+def arch_from_adapter(adapter) -> ArchSpec:
+    """:class:`ArchSpec` of an engine adapter (families registered in ``ARCH_BUILDERS``)."""
+    try:
+        builder = ARCH_BUILDERS[adapter.family]
+    except KeyError:
+        raise ValueError(
+            f"no ArchSpec builder for model family {adapter.family!r} (known: {sorted(ARCH_BUILDERS)}); "
+            f"construct profilers.flops.ArchSpec(...) explicitly and pass it instead of the adapter"
+        ) from None
+    return builder(adapter)
+
+
+# ----- per-family formulas ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FamilyFormulas:
+    """FLOP formulas of one family; each returns ``{op: flops}``.
+
+    * ``branch(arch, branch, rows, n, kv_len)`` — one residual branch of one block on ``n`` tokens per row;
+      ``kv_len`` is the block's self-attention KV length after appending this scale's keys.
+    * ``head(arch, rows, n)`` — the logits head on ``n`` tokens per row (also used for the logit lens).
+    * ``embed(arch, scale, samples, n)`` — building scale ``scale``'s input (VAR: computed on ``B`` samples).
+    * ``condition(arch, rows)`` — once per generation (AdaLN modulations, text projections, ...).
+    * ``latent_update(arch, scale, samples)`` — accumulating the sampled scale into the latent.
+    """
+
+    branch: Callable[[ArchSpec, str, int, int, int], dict[str, int]]
+    head: Callable[[ArchSpec, int, int], dict[str, int]]
+    embed: Callable[[ArchSpec, int, int, int], dict[str, int]]
+    condition: Callable[[ArchSpec, int], dict[str, int]]
+    latent_update: Callable[[ArchSpec, int, int], dict[str, int]]
+
+
+def _self_attention(arch: ArchSpec, rows: int, n: int, kv_len: int) -> dict[str, int]:
+    C = arch.embed_dim
+    return {
+        "qkv": 2 * rows * n * C * 3 * C,
+        "scores": 2 * rows * n * kv_len * C,
+        "pv": 2 * rows * n * kv_len * C,
+        "proj": 2 * rows * n * C * C,
+    }
+
+
+def _mlp(arch: ArchSpec, rows: int, n: int) -> dict[str, int]:
+    C, Hm = arch.embed_dim, arch.mlp_hidden
+    if arch.mlp_gated:
+        return {"fc1_gate": 2 * rows * n * C * 2 * Hm, "fc2": 2 * rows * n * Hm * C}
+    return {"fc1": 2 * rows * n * C * Hm, "fc2": 2 * rows * n * Hm * C}
+
+
+def _var_branch(arch: ArchSpec, branch: str, rows: int, n: int, kv_len: int) -> dict[str, int]:
+    if branch == "attn":
+        return _self_attention(arch, rows, n, kv_len)
+    if branch == "ffn":
+        return _mlp(arch, rows, n)
+    raise ValueError(f"VAR blocks have branches 'attn' and 'ffn', not {branch!r}")
+
+
+def _var_head(arch: ArchSpec, rows: int, n: int) -> dict[str, int]:
+    C = arch.embed_dim
+    return {"adaln": 2 * rows * C * 2 * C, "logits": 2 * rows * n * C * arch.head_out}
+
+
+def _var_embed(arch: ArchSpec, scale: int, samples: int, n: int) -> dict[str, int]:
+    if scale == 0:
+        return {}  # class embedding + position embedding: additions only
+    return {"word_embed": 2 * samples * n * arch.latent_channels * arch.embed_dim}
+
+
+def _var_condition(arch: ArchSpec, rows: int) -> dict[str, int]:
+    C = arch.embed_dim
+    per = 2 * rows * C * 6 * C
+    return {"adaln_modulation": per if arch.shared_aln else per * arch.depth}
+
+
+def _var_latent_update(arch: ArchSpec, scale: int, samples: int) -> dict[str, int]:
+    if arch.phi_conv and not arch.phi_conv[scale]:
+        return {}
+    h, w = arch.latent_hw
+    c = arch.latent_channels
+    return {"phi_conv": 2 * samples * h * w * c * c * 9}
+
+
+def _infinity_branch(arch: ArchSpec, branch: str, rows: int, n: int, kv_len: int) -> dict[str, int]:
+    """Infinity hook (reconstruction, see module docstring): self-attn as VAR, cross-attn to ``text_len``
+    projected text tokens (q and output projections on the ``n`` tokens; K/V projections of the text)."""
+    C, T = arch.embed_dim, arch.text_len
+    if branch == "attn":
+        return _self_attention(arch, rows, n, kv_len)
+    if branch == "cross":
+        ops = {"q": 2 * rows * n * C * C, "scores": 2 * rows * n * T * C, "pv": 2 * rows * n * T * C,
+               "proj": 2 * rows * n * C * C}
+        if arch.cross_kv_per_scale:
+            ops["kv"] = 2 * rows * T * C * 2 * C
+        return ops
+    if branch == "ffn":
+        return _mlp(arch, rows, n)
+    raise ValueError(f"Infinity blocks have branches 'attn', 'cross' and 'ffn', not {branch!r}")
+
+
+def _infinity_condition(arch: ArchSpec, rows: int) -> dict[str, int]:
+    C, T = arch.embed_dim, arch.text_len
+    ops = {"adaln_modulation": 2 * rows * C * 6 * C * (1 if arch.shared_aln else arch.depth)}
+    if not arch.cross_kv_per_scale:
+        ops["cross_kv"] = 2 * rows * T * C * 2 * C * arch.depth
+    return ops
+
+
+FAMILY_FORMULAS: dict[str, FamilyFormulas] = {
+    "var": FamilyFormulas(_var_branch, _var_head, _var_embed, _var_condition, _var_latent_update),
+    "infinity": FamilyFormulas(_infinity_branch, _var_head, _var_embed, _infinity_condition,
+                               lambda arch, scale, samples: {}),
+}
+
+
+def register_family_formulas(family: str, formulas: FamilyFormulas, replace_existing: bool = False) -> None:
+    """Add the FLOP formulas of a model family (refuses to overwrite unless ``replace_existing``)."""
+    if family in FAMILY_FORMULAS and not replace_existing:
+        raise ValueError(f"FLOP formulas for family {family!r} already registered")
+    FAMILY_FORMULAS[family] = formulas
+
+
+# ----- the report -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FlopRow:
+    scale: int  # -1: once per generation (condition, vq_decode)
+    block: int  # -1: not inside a block
+    component: str  # condition, embed, attn, cross, ffn, lens, head, latent_update, vq_decode
+    op: str
+    rows: int  # network rows (2B with both guidance halves) or samples (B) where computed per sample
+    tokens: int  # tokens computed per row (queries)
+    kv_len: int  # attention keys per query (0 where no attention)
+    flops: int
+
+
+@dataclass
+class FlopReport:
+    """Analytic FLOPs of one generation, one :class:`FlopRow` per (scale, block, component, op)."""
+
+    arch: ArchSpec
+    rows: list[FlopRow] = field(default_factory=list)
+
+    def add(self, scale: int, block: int, component: str, ops: Mapping[str, int], rows: int, tokens: int,
+            kv_len: int = 0) -> None:
+        for op, flops in ops.items():
+            self.rows.append(FlopRow(scale, block, component, op, rows, tokens, kv_len, int(flops)))
+
+    @property
+    def total(self) -> int:
+        return sum(r.flops for r in self.rows)
+
+    @property
+    def gflops(self) -> float:
+        return self.total / 1e9
+
+    def total_for(self, components: Iterable[str] | None = None, exclude: Iterable[str] = ()) -> int:
+        keep = None if components is None else set(components)
+        skip = set(exclude)
+        return sum(r.flops for r in self.rows
+                   if (keep is None or r.component in keep) and r.component not in skip)
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([r.__dict__ for r in self.rows], columns=list(FlopRow.__dataclass_fields__))
+
+    def per_scale(self, unit: float = 1e9):
+        """Scale × component pivot (GFLOPs by default)."""
+        frame = self.frame()
+        table = frame.pivot_table(index="scale", columns="component", values="flops", aggfunc="sum",
+                                  fill_value=0) / unit
+        table["total"] = table.sum(axis=1)
+        return table
+
+    def per_block(self, unit: float = 1e9):
+        """Block × component pivot summed over scales (block rows only)."""
+        frame = self.frame()
+        frame = frame[frame["block"] >= 0]
+        return frame.pivot_table(index="block", columns="component", values="flops", aggfunc="sum",
+                                 fill_value=0) / unit
+
+    def per_scale_block(self, unit: float = 1e9):
+        """Block × scale matrix (heat-map data)."""
+        frame = self.frame()
+        frame = frame[frame["block"] >= 0]
+        return frame.pivot_table(index="block", columns="scale", values="flops", aggfunc="sum",
+                                 fill_value=0) / unit
+
+    def per_op(self, unit: float = 1e9):
+        frame = self.frame()
+        return frame.groupby(["component", "op"])["flops"].sum() / unit
+
+
+def _rows_for(guidance: GuidanceMode, batch_size: int) -> int:
+    return batch_size * (2 if guidance is GuidanceMode.BOTH else 1)
+
+
+def count_record_flops(
+    arch: ArchSpec,
+    records: Sequence[ScaleRecord],
+    batch_size: int,
+    initial_guidance: GuidanceMode | None = None,
+    lens_blocks: Mapping[int, Iterable[int]] | None = None,
+    formulas: FamilyFormulas | None = None,
+) -> FlopReport:
+    """FLOPs of a generation from its per-scale records.
+
+    Args:
+        batch_size: samples ``B``.
+        initial_guidance: the row layout the conditions were encoded with (default: the first record's);
+            sets the rows of the once-per-generation ``condition`` cost.
+        lens_blocks: scale → blocks whose output went through the head (logit lens); records do not say it.
+        formulas: override the family formulas (default ``FAMILY_FORMULAS[arch.family]``).
+    """
+    formulas = formulas or FAMILY_FORMULAS[arch.family]
+    report = FlopReport(arch)
+    if not records:
+        return report
+    guidance0 = initial_guidance or records[0].guidance
+    rows0 = _rows_for(guidance0, batch_size)
+    report.add(-1, -1, "condition", formulas.condition(arch, rows0), rows0, 1)
+    try:
+        attn_index = arch.branches.index("attn")
+    except ValueError:
+        attn_index = None
+    kv_len = [0] * arch.depth
+    lens_blocks = lens_blocks or {}
+    for record in records:
+        if record.skipped:
+            continue
+        si = record.scale_index
+        h, w = record.hw
+        N = h * w
+        R = _rows_for(record.guidance, batch_size)
+        report.add(si, -1, "embed", formulas.embed(arch, si, batch_size, N), batch_size, N)
+        kept = record.kept_tokens or tuple((N,) * len(arch.branches) for _ in range(arch.depth))
+        if len(kept) != arch.depth:
+            raise ValueError(f"scale {si}: {len(kept)} kept-token entries for {arch.depth} blocks")
+        for block, counts in enumerate(kept):
+            if attn_index is not None:
+                kv_len[block] += counts[attn_index]
+            for branch, n in zip(arch.branches, counts):
+                L = kv_len[block] if branch == "attn" else (arch.text_len if branch == "cross" else 0)
+                report.add(si, block, branch, formulas.branch(arch, branch, R, n, kv_len[block]), R, n, L)
+        for block in sorted(lens_blocks.get(si, ())):
+            report.add(si, block, "lens", formulas.head(arch, R, N), R, N)
+        report.add(si, -1, "head", formulas.head(arch, R, N), R, N)
+        report.add(si, -1, "latent_update", formulas.latent_update(arch, si, batch_size), batch_size, N)
+    return report
+
+
+def count_flops(adapter_or_arch, result, batch_size: int | None = None, include_decode: bool = False,
+                initial_guidance: GuidanceMode | None = None,
+                lens_blocks: Mapping[int, Iterable[int]] | None = None) -> FlopReport:
+    """FLOPs of a finished ``generate()`` call (``result``: its ``GenerationResult``).
+
+    ``adapter_or_arch``: the engine adapter (its :class:`ArchSpec` is derived) or an :class:`ArchSpec`.
+    ``include_decode`` adds the VQ decoder's FLOPs, measured with ``FlopCounterMode`` on fake tensors (needs
+    the adapter).
+    """
+    arch = adapter_or_arch if isinstance(adapter_or_arch, ArchSpec) else arch_from_adapter(adapter_or_arch)
+    if batch_size is None:
+        batch_size = int(result.latent.shape[0])
+    report = count_record_flops(arch, result.records, batch_size, initial_guidance, lens_blocks)
+    if include_decode:
+        if isinstance(adapter_or_arch, ArchSpec):
+            raise ValueError("include_decode needs the adapter (the decoder is measured, not derived)")
+        report.add(-1, -1, "vq_decode", {"decoder": decode_flops(adapter_or_arch, batch_size)}, batch_size,
+                   arch.latent_hw[0] * arch.latent_hw[1])
+    return report
+
+
+# ----- FlopCounterMode support ------------------------------------------------------------------------------
+def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def register_cpu_sdpa_flop_formula() -> bool:
+    """Teach ``FlopCounterMode`` the CPU fused attention op (it counts 0 for it otherwise).
+
+    On CPU, ``F.scaled_dot_product_attention`` dispatches to ``aten._scaled_dot_product_flash_attention_for_cpu``,
+    which has no formula in torch's registry. This registers PyTorch's own ``sdpa_flop_count`` for it
+    (QKᵀ + PV, ``4·b·h·s_q·s_k·d``) through ``torch.utils.flop_counter.register_flop_formula``. Idempotent;
+    returns True when it registered now. The registry is process-wide, but the entry only adds a count that
+    was missing (no existing formula changes).
+    """
+    from torch.utils import flop_counter
+
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is None or op in flop_counter.flop_registry:
+        return False
+    flop_counter.register_flop_formula([op])(_cpu_sdpa_flop)
+    return True
+
+
+def flop_counter_mode(display: bool = False):
+    """A ``FlopCounterMode`` that also counts CPU attention (see :func:`register_cpu_sdpa_flop_formula`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    register_cpu_sdpa_flop_formula()
+    return FlopCounterMode(display=display)
+
+
+def measure_flops(fn: Callable[[], object]) -> tuple[int, dict[str, int]]:
+    """Run ``fn()`` under :func:`flop_counter_mode`; returns (total, {op name: flops})."""
+    with flop_counter_mode() as counter:
+        fn()
+    per_op = {str(op): int(v) for op, v in counter.get_flop_counts().get("Global", {}).items()}
+    return int(counter.get_total_flops()), per_op
+
+
+DECODE_FLOPS: dict[str, Callable] = {}
+
+
+def _var_decode_flops(adapter, batch_size: int) -> int:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cfg = adapter.cfg
+    p = cfg.patch_nums[-1]
+    with flop_counter_mode() as counter, FakeTensorMode(allow_non_fake_inputs=True):
+        f_hat = torch.empty(batch_size, cfg.z_channels, p, p, device=adapter.device)
+        adapter.vae.fhat_to_img(f_hat)
+    return int(counter.get_total_flops())
+
+
+DECODE_FLOPS["var"] = _var_decode_flops
+
+
+def decode_flops(adapter, batch_size: int) -> int:
+    """The VQ decoder's FLOPs for ``batch_size`` images, counted by ``FlopCounterMode`` on fake tensors
+    (shapes only: nothing is computed, so it is cheap even for the official VQVAE)."""
+    try:
+        fn = DECODE_FLOPS[adapter.family]
+    except KeyError:
+        raise ValueError(f"no decoder FLOP counter for family {adapter.family!r}") from None
+    return fn(adapter, batch_size)
+
+
+# ----- next-scale vs next-token (Figure 2b) -------------------------------------------------------------------
+def next_scale_schedule(side: int) -> tuple[int, ...]:
+    """Scale sides ending at ``side`` latent tokens per edge.
+
+    The published schedules for 16 (VAR 256 px), 32 (VAR 512 px) and 64 (Infinity 1024 px); for other sides
+    a *reconstruction*: ``K = round(2.5·log2(side))`` sides spaced geometrically from 1 to ``side`` (rounded,
+    made strictly increasing). Pass an explicit schedule to the FLOP functions to use another rule.
+    """
+    known = {16: VAR_PATCH_NUMS_256, 32: VAR_PATCH_NUMS_512, 64: INFINITY_SCHEDULE_1024}
+    if side in known:
+        return known[side]
+    if side < 1:
+        raise ValueError(f"side must be >= 1, got {side}")
+    if side == 1:
+        return (1,)
+    K = max(2, round(2.5 * math.log2(side)))
+    sides: list[int] = []
+    for k in range(K):
+        p = max(1, round(side ** (k / (K - 1))))
+        if sides and p <= sides[-1]:
+            p = sides[-1] + 1
+        sides.append(min(p, side))
+        if sides[-1] == side:
+            break
+    sides[-1] = side
+    return tuple(sides)
+
+
+def _per_token_linear(embed_dim: int, mlp_hidden: int) -> int:
+    """Linear FLOPs of one token through one block: qkv (3C²) + proj (C²) + MLP (2·C·H_m), times 2."""
+    return 2 * (4 * embed_dim * embed_dim + 2 * embed_dim * mlp_hidden)
+
+
+def next_scale_transformer_flops(schedule: Sequence[int], depth: int, embed_dim: int, mlp_hidden: int,
+                                 vocab: int, rows: int = 1) -> int:
+    """Dense next-scale generation: scale ``k`` computes ``N_k = p_k²`` queries over ``L_k = Σ_{j≤k} N_j`` keys
+    in every block, then the head on its ``N_k`` tokens."""
+    total, L = 0, 0
+    linear = _per_token_linear(embed_dim, mlp_hidden)
+    for p in schedule:
+        N = p * p
+        L += N
+        total += depth * (N * linear + 4 * N * L * embed_dim) + 2 * N * embed_dim * vocab
+    return total * rows
+
+
+def next_token_transformer_flops(num_tokens: int, depth: int, embed_dim: int, mlp_hidden: int, vocab: int,
+                                 rows: int = 1) -> int:
+    """Raster-order next-token generation with a KV cache: step ``t`` (1-based) computes one query over ``t``
+    keys in every block, then the head on that token: ``Σ_t depth·(linear + 4·t·C) + 2·C·V``."""
+    n = num_tokens
+    linear = _per_token_linear(embed_dim, mlp_hidden)
+    attention = 4 * embed_dim * n * (n + 1) // 2
+    return rows * (depth * (n * linear + attention) + n * 2 * embed_dim * vocab)
+
+
+def gflops_vs_resolution(resolutions: Sequence[int] = (256, 512, 1024, 2048), depth: int = 16,
+                         embed_dim: int = 1024, mlp_ratio: float = 4.0, vocab: int = 4096, downsample: int = 16,
+                         schedules: Mapping[int, Sequence[int]] | None = None):
+    """Theoretical GFLOPs of next-scale vs next-token generation per image (the papers' Figure 2b).
+
+    Uniform settings: the same transformer (default: VAR-d16 sizes) for both, one row (no CFG), dense, the
+    tokenizer's ``downsample`` factor giving a ``(resolution/downsample)²`` token grid. Next-scale uses
+    :func:`next_scale_schedule` unless ``schedules`` gives one per resolution. Returns a DataFrame with
+    ``resolution, method, tokens_final, tokens_computed, gflops``.
+    """
+    import pandas as pd
+
+    mlp_hidden = round(embed_dim * mlp_ratio)
+    rows = []
+    for res in resolutions:
+        side = res // downsample
+        schedule = tuple(schedules[res]) if schedules and res in schedules else next_scale_schedule(side)
+        if schedule[-1] != side:
+            raise ValueError(f"schedule for {res}px ends at {schedule[-1]}, expected {side}")
+        ns = next_scale_transformer_flops(schedule, depth, embed_dim, mlp_hidden, vocab)
+        nt = next_token_transformer_flops(side * side, depth, embed_dim, mlp_hidden, vocab)
+        computed = sum(p * p for p in schedule)
+        rows.append((res, "next-scale (VAR)", side * side, computed, len(schedule), ns / 1e9))
+        rows.append((res, "next-token (raster AR, KV cache)", side * side, side * side, side * side, nt / 1e9))
+    return pd.DataFrame(rows, columns=["resolution", "method", "tokens_final", "tokens_computed", "steps",
+                                       "gflops"])

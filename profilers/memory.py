@@ -1,0 +1,202 @@
+"""Peak memory per scale: measured on CUDA, an analytic estimate from tensor sizes on CPU.
+
+Two sources, never mixed in one column:
+
+* **CUDA, measured** — :class:`PeakMemoryTracer` resets the allocator's peak counter in ``scale_begin`` and reads
+  ``torch.cuda.max_memory_allocated`` in ``scale_end`` (no synchronisation: allocator statistics are host-side).
+  ``peak_bytes`` is the highest amount of memory held by tensors at any time during the scale (weights, KV
+  cache, activations and the allocator's rounding included); ``delta_peak_bytes`` subtracts what was allocated
+  when the scale began. Requires ``torch.cuda.is_available()`` and a CUDA model.
+
+* **Analytic (any device; the only option on CPU)** — :func:`analytic_memory` derives from the generation's
+  records, per scale, the bytes of the tensors that dominate memory:
+
+  - ``kv_cache_bytes``: keys + values the cache *holds* after the scale: ``Σ_blocks 2·R·L_b·C·e`` with ``L_b``
+    the block's accumulated attention-branch kept tokens (``R``: rows at this scale, ``e``: element size);
+  - ``kv_reserved_bytes``: what :class:`~var_core.engine.kvcache.KVCache` actually allocates (it pre-allocates
+    ``2·R·C·L_max·e`` per block at the block's first append, ``L_max`` = all tokens of all scales, and keeps that
+    storage when guidance rows are dropped), so on a real allocator this, not ``kv_cache_bytes``, is resident;
+  - activation tensors of the scale: ``hidden`` ``[R, N, C]``, ``qkv`` ``[R, n, 3C]``, ``mlp_hidden``
+    ``[R, n, H_m]``, ``attn_scores`` ``[R, H, n, L]`` (only for blocks that ran eager attention — pass
+    ``eager_attention``; the fused SDPA kernels never materialise it), ``logits`` ``[R, N, V]`` in fp32 (the head
+    casts to float) — and ``largest_activation_bytes``, the largest of them;
+  - ``estimate_bytes = weights + kv_reserved + 2·hidden + largest_activation``: a lower-bound style estimate
+    of the live set at the scale's peak (weights, the cache, the residual stream and the branch output, plus
+    the largest transient). It ignores allocator fragmentation, the sampler's temporaries (a few ``[B, N, V]``
+    fp32 tensors while filtering), and the kept-token gather copies.
+
+Use the analytic numbers to compare scales and policies (they follow the kept-token counts exactly); use the
+CUDA numbers for absolute peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from var_core.engine.context import GuidanceMode, ScaleRecord
+from var_core.engine.tracing import Tracer
+
+from .flops import ArchSpec, arch_from_adapter
+
+__all__ = ["MemoryReport", "PeakMemoryTracer", "ScaleMemory", "analytic_memory", "weight_bytes"]
+
+
+@dataclass(frozen=True)
+class ScaleMemory:
+    scale: int
+    source: str  # "cuda-measured" or "analytic"
+    rows: int = 0
+    tokens: int = 0
+    peak_bytes: int = 0  # measured (CUDA) or estimate_bytes (analytic)
+    delta_peak_bytes: int = 0  # CUDA: peak minus allocated at scale start; analytic: estimate minus weights
+    kv_cache_bytes: int = 0
+    kv_reserved_bytes: int = 0
+    hidden_bytes: int = 0
+    qkv_bytes: int = 0
+    mlp_hidden_bytes: int = 0
+    attn_scores_bytes: int = 0
+    logits_bytes: int = 0
+    largest_activation: str = ""
+    largest_activation_bytes: int = 0
+
+
+@dataclass
+class MemoryReport:
+    """Per-scale memory (see the module docstring for what each field is)."""
+
+    scales: list[ScaleMemory] = field(default_factory=list)
+    weight_bytes: int = 0
+    source: str = "analytic"
+
+    def frame(self):
+        import pandas as pd
+
+        columns = list(ScaleMemory.__dataclass_fields__)
+        return pd.DataFrame([tuple(getattr(s, c) for c in columns) for s in self.scales], columns=columns)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max((s.peak_bytes for s in self.scales), default=0)
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "weight_bytes": self.weight_bytes, "peak_bytes": self.peak_bytes,
+                "scales": [s.__dict__ for s in self.scales]}
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
+
+
+class PeakMemoryTracer(Tracer):
+    """Measures CUDA peak memory per scale (a no-op recorder on machines without CUDA: use
+    :func:`analytic_memory` there). Spans are not instrumented (``span`` is the null context)."""
+
+    enabled = False  # spans cost nothing; only the scale hooks do work
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.active = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+        self.device = torch.device(device) if device is not None else (
+            torch.device("cuda", torch.cuda.current_device()) if self.active else torch.device("cpu"))
+        self._start: dict[int, int] = {}
+        self.scales: list[ScaleMemory] = []
+
+    def reset(self) -> None:
+        self._start.clear()
+        self.scales = []
+
+    def scale_begin(self, scale: int) -> None:
+        if not self.active:
+            return
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._start[scale] = torch.cuda.memory_allocated(self.device)
+
+    def scale_end(self, scale: int) -> None:
+        if not self.active:
+            return
+        peak = torch.cuda.max_memory_allocated(self.device)
+        start = self._start.pop(scale, 0)
+        self.scales.append(ScaleMemory(scale, "cuda-measured", peak_bytes=peak, delta_peak_bytes=peak - start))
+
+    def report(self, weights: int = 0) -> MemoryReport:
+        return MemoryReport(list(self.scales), weights, "cuda-measured")
+
+
+def _rows(guidance: GuidanceMode, batch_size: int) -> int:
+    return batch_size * (2 if guidance is GuidanceMode.BOTH else 1)
+
+
+def analytic_memory(
+    adapter_or_arch,
+    records: Sequence[ScaleRecord],
+    batch_size: int,
+    activation_bytes: int | None = None,
+    eager_attention: Mapping[int, Iterable[int]] | None = None,
+    weights: int | None = None,
+) -> MemoryReport:
+    """Per-scale analytic memory of a finished generation (see the module docstring).
+
+    Args:
+        adapter_or_arch: the engine adapter or an :class:`~profilers.flops.ArchSpec`.
+        activation_bytes: element size of activations / cache (default: the weights' element size).
+        eager_attention: scale → blocks that materialised attention probabilities (policies that observe
+            attention); their ``[R, H, n, L]`` score tensor counts as an activation.
+        weights: weight bytes to add (default: the adapter's transformer + VQVAE parameters; 0 for an ArchSpec).
+    """
+    if isinstance(adapter_or_arch, ArchSpec):
+        arch, weights = adapter_or_arch, (weights or 0)
+    else:
+        arch = arch_from_adapter(adapter_or_arch)
+        if weights is None:
+            weights = weight_bytes(adapter_or_arch.var) + weight_bytes(adapter_or_arch.vae) \
+                if hasattr(adapter_or_arch, "var") else 0
+    e = activation_bytes or arch.param_bytes
+    C, H, V = arch.embed_dim, arch.num_heads, arch.head_out
+    try:
+        attn_index = arch.branches.index("attn")
+    except ValueError:
+        attn_index = None
+    eager_attention = eager_attention or {}
+    kv_len = [0] * arch.depth
+    reserved_rows = [0] * arch.depth  # rows of each block's buffers at its first append (kept after a row drop:
+    # KVCache.select_rows slices views, so the storage is not released)
+    L_max = arch.total_tokens
+    report = MemoryReport(weight_bytes=weights, source="analytic")
+    for record in records:
+        if record.skipped:
+            continue
+        si = record.scale_index
+        N = record.hw[0] * record.hw[1]
+        R = _rows(record.guidance, batch_size)
+        kept = record.kept_tokens or tuple((N,) * len(arch.branches) for _ in range(arch.depth))
+        max_n = max((n for counts in kept for n in counts), default=N)
+        scores = 0
+        eager = set(eager_attention.get(si, ()))
+        for block, counts in enumerate(kept):
+            if attn_index is not None:
+                kv_len[block] += counts[attn_index]
+                if not reserved_rows[block] and counts[attn_index] > 0:
+                    reserved_rows[block] = R
+                if block in eager:
+                    scores = max(scores, R * H * counts[attn_index] * kv_len[block] * e)
+        kv_used = sum(2 * R * L * C * e for L in kv_len)
+        kv_reserved = sum(2 * rows * L_max * C * e for rows in reserved_rows)
+        sizes = {
+            "hidden": R * N * C * e,
+            "qkv": R * max_n * 3 * C * e,
+            "mlp_hidden": R * max_n * arch.mlp_hidden * e,
+            "attn_scores": scores,
+            "logits": R * N * V * 4,
+        }
+        largest = max(sizes, key=sizes.get)
+        estimate = weights + kv_reserved + 2 * sizes["hidden"] + sizes[largest]
+        report.scales.append(ScaleMemory(
+            scale=si, source="analytic", rows=R, tokens=N, peak_bytes=estimate, delta_peak_bytes=estimate - weights,
+            kv_cache_bytes=kv_used, kv_reserved_bytes=kv_reserved, hidden_bytes=sizes["hidden"],
+            qkv_bytes=sizes["qkv"], mlp_hidden_bytes=sizes["mlp_hidden"], attn_scores_bytes=sizes["attn_scores"],
+            logits_bytes=sizes["logits"], largest_activation=largest, largest_activation_bytes=sizes[largest],
+        ))
+    return report
