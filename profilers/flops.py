@@ -33,10 +33,42 @@ latent_update/phi  ``2·B·h·w·C_vae²·9`` (only where Phi is a conv)        
 vq_decode          measured with FlopCounterMode on fake tensors           optional (``include_decode``)
 =================  ======================================================  ===================================
 
+Infinity (family ``"infinity"``, :class:`~var_core.engine.adapters.infinity_adapter.InfinityAdapter`), per
+network row, ``T`` = padded text length of the run (every row is padded to the longest prompt of the batch, cond
+and uncond rows together, and attention runs over the padded length with a mask — what our SDPA path computes;
+the official varlen kernel would compute only each row's own tokens), ``C_t`` = text-encoder width, ``d`` = bits
+per token (head ``2·d``), ``H_m`` = FFN hidden (``round(4C/256)·256``, GELU, two matrices):
+
+=====================  ====================================================  ======================================
+component / op         FLOPs                                                 where
+=====================  ====================================================  ======================================
+condition              ``2·R0·C·6C`` (shared AdaLN, once)                    ``shared_ada_lin``
+ text_pool_kv          ``2·R0·T·C_t·2C``                                     ``text_proj_for_sos.ca.mat_kv``
+ text_pool_attn        ``4·R0·T·C`` (one learned query)                      attentive pool
+ text_pool_proj        ``2·R0·C·C``                                          ``text_proj_for_sos.ca.proj``
+ text_proj_ca          ``2·R0·T·C_t·C + 2·R0·T·C·C``                         ``text_proj_for_ca`` (two linears)
+ cross_kv              ``2·R0·T·C·2C`` per block, **once per generation**    ``ca.mat_kv`` (``Infinity.text_kv``)
+embed                  ``2·B·N·d·C`` (scales ≥ 1; computed on B samples)     ``word_embed``
+attn/*                 as VAR (``qkv``, ``scores``, ``pv``, ``proj``)        cosine self-attention, KV-cached
+cross/q, cross/proj    ``2·n·C·C`` each                                      ``ca.mat_q``, ``ca.proj`` (kept tokens)
+cross/scores, pv       ``2·n·T·C`` each                                      attention of the kept tokens to text
+ffn/fc1, ffn/fc2       ``2·n·C·H_m`` each                                    MLP
+head/adaln, logits     ``2·R·C·2C``, ``2·R·N·C·2d``                          ``head_nm.ada_lin``, bitwise ``head``
+latent_update          0 (bit→code mapping and trilinear resampling only)
+vq_decode              measured with FlopCounterMode on fake tensors         optional (``include_decode``)
+=====================  ====================================================  ======================================
+
+The text K/V: our :class:`~var_core.models.infinity.Infinity` projects the text keys/values of every block once
+per generation (``text_kv`` in ``begin``) and reuses them at every scale, so the ``cross_kv`` cost sits in
+``condition``. The official ``CrossAttention.forward`` recomputes ``mat_kv(ca_kv)`` in every block at every
+scale: ``ArchSpec.cross_kv_per_scale=True`` counts it that way (an extra ``cross/kv`` op per block and scale,
+independent of the kept tokens). The text encoder (flan-T5) is not counted (it is timed separately as
+``text_encode``). ``T`` is not in the records: pass ``text_len`` to :func:`count_flops` (or
+:func:`infinity_text_len` computes it from the conditions).
+
 Other families plug in through :func:`register_family_formulas` (per-branch formulas keyed by
-``adapter.family``). An ``"infinity"`` entry is provided as a hook: it adds a ``cross`` branch attending to
-``text_len`` text tokens, a bitwise head of ``2·d`` outputs (``head_out``), and an optional gated (SwiGLU) MLP;
-build its :class:`ArchSpec` explicitly until an Infinity adapter exists.
+``adapter.family``) and ``ARCH_BUILDERS``. Arch-only reports (no model, no run): :func:`infinity_arch` /
+:func:`var_arch` and :func:`dense_records` (a synthetic dense record list for :func:`count_record_flops`).
 
 Also here: :func:`gflops_vs_resolution`, the theoretical next-scale vs next-token (raster AR with a KV cache)
 comparison of the papers' Figure 2b (plot: :func:`profilers.breakdown.plot_gflops_vs_resolution`), and the CPU
@@ -45,6 +77,7 @@ attention FLOP formula for ``FlopCounterMode`` (:func:`register_cpu_sdpa_flop_fo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
@@ -58,7 +91,7 @@ __all__ = [
     "count_flops", "count_record_flops", "decode_flops", "flop_counter_mode", "gflops_vs_resolution",
     "measure_flops", "next_scale_schedule", "next_scale_transformer_flops", "next_token_transformer_flops",
     "register_cpu_sdpa_flop_formula", "register_family_formulas", "VAR_PATCH_NUMS_256", "VAR_PATCH_NUMS_512",
-    "INFINITY_SCHEDULE_1024",
+    "INFINITY_SCHEDULE_1024", "dense_records", "infinity_arch", "infinity_text_len", "var_arch",
 ]
 
 VAR_PATCH_NUMS_256 = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
@@ -83,8 +116,9 @@ class ArchSpec:
     branches: tuple[str, ...] = ("attn", "ffn")
     shared_aln: bool = False
     phi_conv: tuple[bool, ...] = ()  # VAR: per scale, whether the quantizer's Phi is a 3x3 conv
-    text_len: int = 0  # Infinity: text tokens seen by cross-attention
+    text_len: int = 0  # Infinity: text tokens seen by cross-attention (padded length of the run)
     cross_kv_per_scale: bool = True  # Infinity: text K/V recomputed at every scale (official code) or once
+    text_channels: int = 0  # Infinity: text-encoder width C_t (0: text pooling / projection not counted)
     mlp_gated: bool = False  # SwiGLU-style MLP (three matrices)
     param_bytes: int = 4  # element size of weights / activations (fp32 = 4, bf16 = 2)
 
@@ -112,11 +146,59 @@ def _var_arch(adapter) -> ArchSpec:
     )
 
 
-ARCH_BUILDERS: dict[str, Callable] = {"var": _var_arch}
+def _infinity_arch(adapter) -> ArchSpec:
+    """What our Infinity code computes: text K/V once per generation (``cross_kv_per_scale=False``);
+    ``text_len`` is left 0 (a property of the run, not of the model: pass it to :func:`count_flops`)."""
+    cfg = adapter.cfg
+    _, H, W = adapter.vae_schedule[-1]
+    return infinity_arch(cfg, adapter.scale_hw, text_len=0, latent_hw=(H, W), branches=tuple(adapter.branches),
+                         param_bytes=adapter.model.head.weight.element_size())
 
 
-def arch_from_adapter(adapter) -> ArchSpec:
-    """:class:`ArchSpec` of an engine adapter (families registered in ``ARCH_BUILDERS``)."""
+def infinity_arch(cfg, scale_hw, text_len: int = 0, latent_hw: tuple[int, int] | None = None,
+                  branches: tuple[str, ...] = ("attn", "cross", "ffn"), cross_kv_per_scale: bool = False,
+                  param_bytes: int = 4) -> ArchSpec:
+    """:class:`ArchSpec` of an Infinity architecture without building it (``cfg``: an
+    :class:`~var_core.models.infinity.InfinityConfig`, e.g. ``INFINITY_2B``; ``scale_hw``: the ``(h, w)`` per scale).
+    ``latent_hw`` defaults to the last scale (×2 with the 8B's spatial patchify)."""
+    scale_hw = tuple(tuple(int(v) for v in hw[-2:]) for hw in scale_hw)
+    if latent_hw is None:
+        f = 2 if getattr(cfg, "apply_spatial_patchify", False) else 1
+        latent_hw = (f * scale_hw[-1][0], f * scale_hw[-1][1])
+    return ArchSpec(
+        family="infinity", depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+        mlp_hidden=cfg.ffn_hidden, head_out=cfg.vocab_size, latent_channels=cfg.d_vae, scale_hw=scale_hw,
+        latent_hw=tuple(latent_hw), branches=tuple(branches), shared_aln=True, text_len=int(text_len),
+        cross_kv_per_scale=cross_kv_per_scale, text_channels=cfg.text_channels, param_bytes=param_bytes,
+    )
+
+
+def var_arch(cfg, param_bytes: int = 4, phi_conv: tuple[bool, ...] = ()) -> ArchSpec:
+    """:class:`ArchSpec` of a VAR architecture without building it (``cfg``: a
+    :class:`~var_core.models.var.VARConfig`, e.g. ``official_var_config(30)``). ``phi_conv`` empty: every scale's
+    Phi is a 3×3 conv (the official VQVAE with ``quant_resi = 0.5``)."""
+    p = cfg.patch_nums[-1]
+    return ArchSpec(
+        family="var", depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+        mlp_hidden=cfg.mlp_hidden, head_out=cfg.vocab_size, latent_channels=cfg.z_channels,
+        scale_hw=tuple((q, q) for q in cfg.patch_nums), latent_hw=(p, p), shared_aln=cfg.shared_aln,
+        phi_conv=tuple(phi_conv), param_bytes=param_bytes,
+    )
+
+
+def dense_records(scale_hw, guidance: GuidanceMode = GuidanceMode.BOTH) -> list[ScaleRecord]:
+    """Synthetic records of a dense generation (every token of every scale, ``guidance`` rows throughout): feed
+    them to :func:`count_record_flops` for an arch-only FLOP report (no model run)."""
+    return [ScaleRecord(si, (int(hw[-2]), int(hw[-1])), skipped=False, guidance=guidance)
+            for si, hw in enumerate(scale_hw)]
+
+
+ARCH_BUILDERS: dict[str, Callable] = {"var": _var_arch, "infinity": _infinity_arch}
+
+
+def arch_from_adapter(adapter, **overrides) -> ArchSpec:
+    """:class:`ArchSpec` of an engine adapter (families registered in ``ARCH_BUILDERS``); ``overrides`` replace
+    fields (e.g. ``text_len=…`` for Infinity, ``cross_kv_per_scale=True`` for the official text K/V cost)."""
     try:
         builder = ARCH_BUILDERS[adapter.family]
     except KeyError:
@@ -124,7 +206,22 @@ def arch_from_adapter(adapter) -> ArchSpec:
             f"no ArchSpec builder for model family {adapter.family!r} (known: {sorted(ARCH_BUILDERS)}); "
             f"construct profilers.flops.ArchSpec(...) explicitly and pass it instead of the adapter"
         ) from None
-    return builder(adapter)
+    arch = builder(adapter)
+    return dataclasses.replace(arch, **overrides) if overrides else arch
+
+
+def infinity_text_len(adapter, conditions, cfg: float | None = None) -> int:
+    """Padded text length ``T`` that an Infinity run over ``conditions`` attends to: the longest prompt of the
+    conditional rows and, with guidance (``cfg != 1``), of the unconditional / negative rows too.
+
+    Prompts (strings or class labels) are encoded here (the text encoder runs once); pass pre-encoded
+    :class:`~var_core.models.text_encoder.TextTokens` to avoid it."""
+    cond, negative = adapter._split_conditions(conditions)
+    T = int(cond.features.shape[1])
+    guided = (cfg if cfg is not None else adapter.default_sampling.cfg) != 1
+    if guided and negative is not None:
+        T = max(T, int(negative.features.shape[1]))
+    return T
 
 
 # ----- per-family formulas ----------------------------------------------------------------------------------
@@ -198,8 +295,8 @@ def _var_latent_update(arch: ArchSpec, scale: int, samples: int) -> dict[str, in
 
 
 def _infinity_branch(arch: ArchSpec, branch: str, rows: int, n: int, kv_len: int) -> dict[str, int]:
-    """Infinity hook (reconstruction, see module docstring): self-attn as VAR, cross-attn to ``text_len``
-    projected text tokens (q and output projections on the ``n`` tokens; K/V projections of the text)."""
+    """Infinity: self-attn as VAR; cross-attn of the ``n`` kept tokens to ``text_len`` text tokens (q and output
+    projections on the ``n`` tokens; the text K/V projection here only with ``cross_kv_per_scale``)."""
     C, T = arch.embed_dim, arch.text_len
     if branch == "attn":
         return _self_attention(arch, rows, n, kv_len)
@@ -215,8 +312,13 @@ def _infinity_branch(arch: ArchSpec, branch: str, rows: int, n: int, kv_len: int
 
 
 def _infinity_condition(arch: ArchSpec, rows: int) -> dict[str, int]:
-    C, T = arch.embed_dim, arch.text_len
+    C, T, Ct = arch.embed_dim, arch.text_len, arch.text_channels
     ops = {"adaln_modulation": 2 * rows * C * 6 * C * (1 if arch.shared_aln else arch.depth)}
+    if Ct:  # text conditioning: attentive pool (start token / AdaLN condition) and the cross-attention source
+        ops["text_pool_kv"] = 2 * rows * T * Ct * 2 * C
+        ops["text_pool_attn"] = 4 * rows * T * C  # one learned query per row over T keys, all heads
+        ops["text_pool_proj"] = 2 * rows * C * C
+        ops["text_proj_ca"] = 2 * rows * T * Ct * C + 2 * rows * T * C * C
     if not arch.cross_kv_per_scale:
         ops["cross_kv"] = 2 * rows * T * C * 2 * C * arch.depth
     return ops
@@ -367,14 +469,22 @@ def count_record_flops(
 
 def count_flops(adapter_or_arch, result, batch_size: int | None = None, include_decode: bool = False,
                 initial_guidance: GuidanceMode | None = None,
-                lens_blocks: Mapping[int, Iterable[int]] | None = None) -> FlopReport:
+                lens_blocks: Mapping[int, Iterable[int]] | None = None, text_len: int | None = None) -> FlopReport:
     """FLOPs of a finished ``generate()`` call (``result``: its ``GenerationResult``).
 
     ``adapter_or_arch``: the engine adapter (its :class:`ArchSpec` is derived) or an :class:`ArchSpec`.
     ``include_decode`` adds the VQ decoder's FLOPs, measured with ``FlopCounterMode`` on fake tensors (needs
-    the adapter).
+    the adapter). ``text_len`` (Infinity, required there unless the ArchSpec has it): the run's padded text
+    length, see :func:`infinity_text_len`.
     """
     arch = adapter_or_arch if isinstance(adapter_or_arch, ArchSpec) else arch_from_adapter(adapter_or_arch)
+    if text_len is not None:
+        arch = dataclasses.replace(arch, text_len=int(text_len))
+    if "cross" in arch.branches and arch.text_len <= 0:
+        raise ValueError(
+            "Infinity FLOPs depend on the run's text length: pass text_len=... (the padded prompt length, e.g. "
+            "profilers.flops.infinity_text_len(adapter, conditions) or TextTokens.features.shape[1])"
+        )
     if batch_size is None:
         batch_size = int(result.latent.shape[0])
     report = count_record_flops(arch, result.records, batch_size, initial_guidance, lens_blocks)
@@ -442,6 +552,19 @@ def _var_decode_flops(adapter, batch_size: int) -> int:
 
 
 DECODE_FLOPS["var"] = _var_decode_flops
+
+
+def _infinity_decode_flops(adapter, batch_size: int) -> int:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, H, W = adapter.vae_schedule[-1]
+    with flop_counter_mode() as counter, FakeTensorMode(allow_non_fake_inputs=True):
+        codes = torch.empty(batch_size, adapter.vae.codebook_dim, H, W, device=adapter.device)
+        adapter.vae.decode(codes)
+    return int(counter.get_total_flops())
+
+
+DECODE_FLOPS["infinity"] = _infinity_decode_flops
 
 
 def decode_flops(adapter, batch_size: int) -> int:

@@ -85,14 +85,14 @@ class VQVAETrainConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     warmup_steps: int = 200
-    total_steps: int = 4000  # length of the cosine schedule (training may stop earlier on the time box)
+    total_steps: int = 4000  # cosine length in steps (with a time box, the schedule follows max(step, time) progress)
     l1_weight: float = 1.0
     l2_weight: float = 1.0
     vq_weight: float = 1.0
     grad_clip: float = 1.0
     # dead-code restarts
     restart_every: int = 50
-    restart_until: float = 0.7  # fraction of total_steps after which no more restarts happen
+    restart_until: float = 0.7  # training progress after which no more restarts happen
     restart_min_usage: float = 1.0  # EMA hits per batch summed over scales
 
     def vqvae_kwargs(self) -> dict:
@@ -139,14 +139,43 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def _cosine_lambda(warmup: int, total: int, min_ratio: float):
-    def fn(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / max(1, warmup)
-        t = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+def _lr_factor(step: int, progress: float, warmup: int, min_ratio: float) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine from 1 to ``min_ratio`` as ``progress`` goes 0 -> 1."""
+    if step < warmup:
+        return (step + 1) / max(1, warmup)
+    t = min(1.0, max(0.0, progress))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
-    return fn
+
+def _timer(trainer) -> Any:
+    from lightning.pytorch.callbacks import Timer
+
+    return next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
+
+
+class _ScheduledModule(pl.LightningModule):
+    """Shared schedule logic: training progress is ``max(step / total_steps, time / time box)``.
+
+    With a time box the cosine therefore always anneals before the budget runs out, whatever the (shared) CPU's
+    speed; without one the schedule is purely step-based (bit-reproducible). The LR is set on every step from
+    the config, so checkpoints need no scheduler state.
+    """
+
+    def progress(self) -> float:
+        trainer = self.trainer
+        p = self.global_step / max(1, self.cfg.total_steps)
+        timer = _timer(trainer)
+        if timer is not None and timer._duration:
+            p = max(p, timer.time_elapsed("train") / timer._duration)
+        return p
+
+    def on_train_batch_start(self, batch, batch_idx):
+        c = self.cfg
+        factor = _lr_factor(self.global_step, self.progress(), c.warmup_steps, c.min_lr_ratio)
+        for opt in self.trainer.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = c.lr * factor
+        self.log("train/lr", c.lr * factor)
 
 
 def _jsonable(d: dict) -> dict:
@@ -192,7 +221,22 @@ def _train_images(n: int, data_seed: int, cache_dir: Path | None) -> tuple[torch
 # ------------------------------------------------------------------------------------------------------------------
 # Lightning modules
 # ------------------------------------------------------------------------------------------------------------------
-class VQVAEModule(pl.LightningModule):
+@torch.no_grad()
+def quantizer_inputs(q, f_BChw: torch.Tensor) -> torch.Tensor:
+    """``[N, Cvae]``: the vectors the quantizer looks up at every scale (the residual ``f - f_hat_{si-1}`` resized
+    to scale ``si``), i.e. the distribution that codewords must cover. Restarting dead codes from these (instead
+    of from the raw features, which only match the first scales) keeps restarted codes in use."""
+    fhat_list = q.f_to_fhat_list(f_BChw)
+    C = f_BChw.shape[1]
+    out = []
+    for si, pn in enumerate(q.patch_nums):
+        rest = f_BChw if si == 0 else f_BChw - fhat_list[si - 1]
+        z = F.interpolate(rest, size=(pn, pn), mode="area") if si != len(q.patch_nums) - 1 else rest
+        out.append(z.permute(0, 2, 3, 1).reshape(-1, C))
+    return torch.cat(out)
+
+
+class VQVAEModule(_ScheduledModule):
     def __init__(self, cfg: VQVAETrainConfig, seed: int = 0):
         super().__init__()
         self.cfg = cfg
@@ -204,9 +248,7 @@ class VQVAEModule(pl.LightningModule):
 
     def configure_optimizers(self):
         c = self.cfg
-        opt = torch.optim.AdamW(self.vae.parameters(), lr=c.lr, betas=(0.9, 0.99), weight_decay=c.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine_lambda(c.warmup_steps, c.total_steps, c.min_lr_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return torch.optim.AdamW(self.vae.parameters(), lr=c.lr, betas=(0.9, 0.99), weight_decay=c.weight_decay)
 
     def training_step(self, batch, batch_idx):
         img, _ = batch
@@ -223,9 +265,10 @@ class VQVAEModule(pl.LightningModule):
         l1 = (recon - img).abs().mean()
         l2 = F.mse_loss(recon, img)
         loss = c.l1_weight * l1 + c.l2_weight * l2 + c.vq_weight * vq_loss
-        if c.restart_every and step > 0 and step % c.restart_every == 0 and step < c.restart_until * c.total_steps \
+        if c.restart_every and step > 0 and step % c.restart_every == 0 and self.progress() < c.restart_until \
                 and q.record_hit >= 10:
-            n = q.restart_dead_codes(f.detach(), min_usage=c.restart_min_usage, generator=self.restart_gen)
+            n = q.restart_dead_codes(quantizer_inputs(q, f.detach()), min_usage=c.restart_min_usage,
+                                     generator=self.restart_gen)
             self.n_restarted += n
             self.log("train/restarted", float(n))
         with torch.no_grad():
@@ -236,7 +279,7 @@ class VQVAEModule(pl.LightningModule):
         return loss
 
 
-class VARModule(pl.LightningModule):
+class VARModule(_ScheduledModule):
     def __init__(self, cfg: VARTrainConfig, vqvae_config: dict, seed: int = 0):
         super().__init__()
         self.cfg = cfg
@@ -268,8 +311,7 @@ class VARModule(pl.LightningModule):
             (decay if p.ndim >= 2 and "pos_" not in name and "emb" not in name else no_decay).append(p)
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=c.lr, betas=tuple(c.betas))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine_lambda(c.warmup_steps, c.total_steps, c.min_lr_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return opt
 
     def teacher_input(self, tokens_BL: torch.Tensor) -> torch.Tensor:
         pn = self.var_config.patch_nums
@@ -298,6 +340,7 @@ def _save_safetensors(module: torch.nn.Module, path: Path, metadata: dict | None
     sd = {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
     tmp = path.with_name(path.name + ".tmp")
     save_file(sd, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 

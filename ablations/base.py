@@ -1,0 +1,254 @@
+"""Ablation families as recipe functions: each returns the arms of one study, every arm a full PolicyConfig.
+
+A family derives all its arms from one *base* method (a preset) by swapping exactly one component (or one option)
+and always includes the ``baseline`` arm (the plain model, the reference of every metric). An arm that cannot be
+built here — a component not registered (yet), an option that does not exist — is kept with its ``error`` so
+``ls`` and the result table say what is missing instead of silently dropping it; ``validate`` fails on it.
+
+Add a family with::
+
+    @family("name", "one-line description (paper table)")
+    def name(ctx: FamilyContext) -> list[Arm]:
+        base = ctx.preset("nova")
+        return [baseline_arm(), swap(base, "scorer", "entropy"), ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from var_core.accel.knobs import SearchSpace
+from var_core.accel.policy import COMPONENT_KINDS, PolicyConfig, component_config
+from var_core.accel.presets import PRESETS, get_preset
+from var_core.accel.registry import REGISTRIES
+
+__all__ = ["Arm", "FamilyContext", "FAMILIES", "family", "get_family", "build_arms", "baseline_arm", "swap",
+           "swap_option", "preset_arm", "component_choices", "knob_alternatives", "registered"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of an ablation: a name, the full policy config, and what distinguishes it from the base."""
+
+    name: str
+    config: PolicyConfig | None
+    description: str = ""
+    role: str = "arm"  # "baseline" (plain model, reference), "base" (the family's base method), "arm"
+    error: str | None = None  # why the arm cannot be built here (None: it can)
+    changes: str = ""  # "scorer: entropy -> attention" etc.
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.config is not None
+
+    @property
+    def config_hash(self) -> str | None:
+        return self.config.config_hash() if self.config is not None else None
+
+
+@dataclass(frozen=True)
+class FamilyContext:
+    """Options a recipe may read: ``method`` (the base of the ``options`` family)."""
+
+    method: str = "nova"
+
+    def preset(self, name: str) -> PolicyConfig:
+        return get_preset(name)
+
+
+FAMILIES: dict[str, tuple[Callable[[FamilyContext], list[Arm]], str]] = {}
+FAMILY_MODULES = ("scorer", "activation", "linkage", "cache", "guidance", "extractor", "method", "options")
+
+
+def family(name: str, doc: str):
+    def decorator(fn: Callable[[FamilyContext], list[Arm]]):
+        if name in FAMILIES and FAMILIES[name][0] is not fn:
+            raise ValueError(f"ablation family {name!r} already defined")
+        FAMILIES[name] = (fn, doc)
+        return fn
+
+    return decorator
+
+
+def _load_all() -> None:
+    import ablations
+
+    for module in FAMILY_MODULES:
+        importlib.import_module(f"ablations.{module}")
+    for info in pkgutil.iter_modules(ablations.__path__):  # families added in new files register too
+        if info.name not in FAMILY_MODULES and not info.name.startswith("_") and info.name not in (
+                "base", "runner", "overrides", "probes", "validate", "report"):
+            importlib.import_module(f"ablations.{info.name}")
+
+
+def family_names() -> list[str]:
+    _load_all()
+    return list(FAMILIES)
+
+
+def get_family(name: str) -> tuple[Callable[[FamilyContext], list[Arm]], str]:
+    _load_all()
+    if name not in FAMILIES:
+        close = difflib.get_close_matches(name, list(FAMILIES), n=3, cutoff=0.4)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise KeyError(f"unknown ablation family {name!r}.{hint} Families: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def build_arms(name: str, ctx: FamilyContext | None = None) -> list[Arm]:
+    """The arms of a family, baseline first, duplicates (same config hash) merged into the first."""
+    fn, _ = get_family(name)
+    arms = fn(ctx or FamilyContext())
+    return dedupe(arms)
+
+
+def dedupe(arms: list[Arm]) -> list[Arm]:
+    out: list[Arm] = []
+    seen: dict[str, int] = {}
+    names: set[str] = set()
+    for arm in arms:
+        if arm.name in names:
+            raise ValueError(f"two arms are named {arm.name!r}")
+        names.add(arm.name)
+        key = arm.config_hash if arm.ok else None
+        if key is not None and key in seen:
+            first = out[seen[key]]
+            out[seen[key]] = dataclasses.replace(first, description=(first.description + f" (= {arm.name})").strip())
+            continue
+        if key is not None:
+            seen[key] = len(out)
+        out.append(arm)
+    baseline = [a for a in out if a.role == "baseline"]
+    if len(baseline) != 1:
+        raise ValueError(f"a family needs exactly one baseline arm, got {len(baseline)}")
+    return baseline + [a for a in out if a.role != "baseline"]
+
+
+# ----- recipe helpers --------------------------------------------------------------------------------------
+def registered(kind: str, name: str) -> bool:
+    return name in REGISTRIES[kind].names()
+
+
+def baseline_arm() -> Arm:
+    return Arm("baseline", get_preset("baseline"), "the plain model: no pruning, full guidance (reference)",
+               role="baseline")
+
+
+def _failed(name: str, exc: BaseException, description: str, changes: str = "") -> Arm:
+    return Arm(name, None, description, error=f"{type(exc).__name__}: {exc}", changes=changes)
+
+
+def preset_arm(name: str, *, arm_name: str | None = None, role: str = "arm") -> Arm:
+    """A preset as an arm (its first docstring line as the description)."""
+    from var_core.accel.presets import preset_summary
+
+    label = arm_name or name
+    try:
+        doc = preset_summary(name) if name in PRESETS else ""
+        return Arm(label, get_preset(name), doc, role=role, changes=f"method: {name}")
+    except Exception as exc:  # noqa: BLE001 - reported per arm
+        return _failed(label, exc, f"preset {name}")
+
+
+def _base_or_error(base: PolicyConfig | Callable[[], PolicyConfig] | str):
+    try:
+        if isinstance(base, str):
+            return get_preset(base), None
+        return (base() if callable(base) else base), None
+    except Exception as exc:  # noqa: BLE001
+        return None, exc
+
+
+def swap(base: PolicyConfig | str, kind: str, name: str, *, arm_name: str | None = None, role: str = "arm",
+         description: str = "", **params) -> Arm:
+    """``base`` with its ``kind`` component replaced by the registered component ``name`` (with ``params``)."""
+    label = arm_name or (f"{kind}={name}" + "".join(f",{k}={_fmt(v)}" for k, v in params.items()))
+    config, exc = _base_or_error(base)
+    base_label = base if isinstance(base, str) else getattr(config, "name", "base")
+    if config is None:
+        return _failed(label, exc, description, f"{kind} -> {name}")
+    old = getattr(config, kind).component_name
+    changes = f"{kind}: {old} -> {name}" + (f" ({', '.join(f'{k}={_fmt(v)}' for k, v in params.items())})"
+                                            if params else "")
+    try:
+        new = config.replace_component(kind, name, **params)
+        if new.config_hash() == config.config_hash():
+            changes = f"none: {base_label} itself"
+            new = dataclasses.replace(new, name=config.name)
+        else:
+            new = dataclasses.replace(new, name=f"{config.name}/{label}")
+    except Exception as exc:  # noqa: BLE001
+        return _failed(label, exc, description, changes)
+    if not description:
+        description = (f"{base_label} (the base method; {kind} {name})" if changes.startswith("none:")
+                       else f"{base_label} with {changes}")
+    return Arm(label, new, description, role=role, changes=changes)
+
+
+def swap_option(base: PolicyConfig | str, kind: str, option: str, value: Any, *, arm_name: str | None = None,
+                role: str = "arm", description: str = "") -> Arm:
+    """``base`` with one option of its ``kind`` component (or a policy-level option, ``kind="policy"``) set."""
+    label = arm_name or (f"{kind}.{option}={_fmt(value)}" if kind != "policy" else f"{option}={_fmt(value)}")
+    config, exc = _base_or_error(base)
+    if config is None:
+        return _failed(label, exc, description)
+    try:
+        if kind == "policy":
+            old = getattr(config, option)
+            new = dataclasses.replace(config, **{option: value})
+            changes = f"{option}: {_fmt(old)} -> {_fmt(value)}"
+        else:
+            part = getattr(config, kind)
+            if option not in {f.name for f in dataclasses.fields(part)}:
+                raise ValueError(f"{kind} {part.component_name!r} has no option {option!r}")
+            old = getattr(part, option)
+            new = dataclasses.replace(config, **{kind: dataclasses.replace(part, **{option: value})})
+            changes = f"{kind}.{option}: {_fmt(old)} -> {_fmt(value)}"
+        new = dataclasses.replace(new, name=f"{config.name}/{label}")
+    except Exception as exc:  # noqa: BLE001
+        return _failed(label, exc, description)
+    base_label = base if isinstance(base, str) else config.name
+    return Arm(label, new, description or f"{base_label} with {changes}", role=role, changes=changes)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_fmt(v) for v in value) + ")"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def knob_alternatives(config_field: dataclasses.Field) -> tuple | None:
+    """The values a knob can take when enumerable: its ``choices``, else a categorical search space's."""
+    choices = config_field.metadata.get("choices")
+    if choices:
+        return tuple(choices)
+    search: SearchSpace | None = config_field.metadata.get("search")
+    if search is not None and search.kind == "categorical" and search.choices:
+        return tuple(search.choices)
+    return None
+
+
+def component_choices(kind: str, name: str, option: str) -> tuple | None:
+    cls = REGISTRIES[kind].get(name)
+    for f in dataclasses.fields(cls.Config):
+        if f.name == option:
+            return knob_alternatives(f)
+    return None
+
+
+def component_kinds() -> tuple[str, ...]:
+    return COMPONENT_KINDS
+
+
+def safe_component_config(kind: str, name: str, **params):
+    try:
+        return component_config(kind, name, **params)
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,12 @@
+"""``method``: every method preset side by side (each with its paper defaults), against the plain model."""
+
+from __future__ import annotations
+
+from var_core.accel.presets import PRESETS
+
+from .base import Arm, FamilyContext, baseline_arm, family, preset_arm
+
+
+@family("method", "all method presets side by side")
+def method_family(ctx: FamilyContext) -> list[Arm]:
+    return [baseline_arm()] + [preset_arm(name) for name in PRESETS if name != "baseline"]

@@ -1,0 +1,102 @@
+"""Profilers attached to the evaluator from above, as probes of :func:`var_core.eval.lightning.run_generation`.
+
+:class:`ProfilerProbe` gives each timed batch a ``profilers.timers.ComponentTimer`` (plus a CUDA peak-memory tracer
+on GPU) and, after the batch, reduces them to JSON: the latency breakdown per component, the analytic FLOPs of what
+the loop actually computed (``profilers.flops.count_flops``; logit-lens heads included where the timer saw them),
+and peak memory (measured on CUDA, the analytic estimate of ``profilers.memory`` elsewhere). When ``profilers`` is
+not importable the probe degrades to wall-clock only and says so in every batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["ProfilerProbe"]
+
+
+class ProfilerProbe:
+    name = "profile"
+
+    def __init__(self, device: str | torch.device = "cpu", flops: bool = True, memory: bool = True,
+                 timer: bool = True):
+        self.device = str(device)
+        self.want_flops, self.want_memory, self.want_timer = flops, memory, timer
+        self._timer = None
+        self._peak = None
+        try:
+            import profilers  # noqa: F401
+
+            self.available = True
+            self.reason = None
+        except Exception as exc:  # noqa: BLE001 - measured per batch by wall-clock only
+            self.available = False
+            self.reason = f"profilers not importable ({type(exc).__name__}: {exc}); wall-clock only"
+
+    def tracer(self):
+        if not self.available:
+            return None
+        from profilers.memory import PeakMemoryTracer
+        from profilers.timers import ComponentTimer
+
+        tracers = []
+        self._timer = ComponentTimer(self.device) if self.want_timer else None
+        if self._timer is not None:
+            tracers.append(self._timer)
+        self._peak = None
+        if self.want_memory and torch.cuda.is_available() and torch.device(self.device).type == "cuda":
+            self._peak = PeakMemoryTracer(self.device)
+            tracers.append(self._peak)
+        if not tracers:
+            return None
+        if len(tracers) == 1:
+            return tracers[0]
+        from var_core.eval.lightning import FanoutTracer
+
+        return FanoutTracer(tracers)
+
+    def after_batch(self, result, *, adapter, policy, batch_size: int, seconds: float) -> dict[str, Any]:
+        if not self.available:
+            return {"note": self.reason}
+        out: dict[str, Any] = {}
+        lens_blocks: dict[int, list[int]] = {}
+        attention_blocks: dict[int, list[int]] = {}
+        if self._timer is not None:
+            frame = self._timer.frame()
+            per_component = self._timer.per_component()
+            out["component_self_ms"] = {k: float(v) for k, v in per_component["self_ms"].items()}
+            out["component_inclusive_ms"] = {k: float(v) for k, v in per_component["inclusive_ms"].items()}
+            out["timer"] = self._timer.device_kind
+            if not frame.empty:
+                for row in frame[frame["component"] == "lens"].itertuples():
+                    lens_blocks.setdefault(int(row.scale), []).append(int(row.block))
+        if self.want_flops:
+            try:
+                from profilers.flops import count_flops
+
+                report = count_flops(adapter, result, batch_size=batch_size, lens_blocks=lens_blocks or None)
+                out["flops"] = int(report.total)
+                out["flops_by_component"] = {str(k): int(v) for k, v in
+                                             report.frame().groupby("component")["flops"].sum().items()}
+            except Exception as exc:  # noqa: BLE001 - e.g. a family without formulas
+                out["flops_error"] = f"{type(exc).__name__}: {exc}"
+        if self.want_memory:
+            try:
+                if self._peak is not None:
+                    report = self._peak.report()
+                    out["peak_memory_bytes"] = int(report.peak_bytes)
+                    out["memory_source"] = "cuda-measured"
+                else:
+                    from profilers.memory import analytic_memory
+
+                    for (si, block), _ in getattr(getattr(policy, "signals", None), "attention_entropy",
+                                                  {}).items():
+                        attention_blocks.setdefault(si, []).append(block)
+                    report = analytic_memory(adapter, result.records, batch_size,
+                                             eager_attention=attention_blocks or None)
+                    out["peak_memory_bytes"] = int(report.peak_bytes)
+                    out["memory_source"] = "analytic"
+            except Exception as exc:  # noqa: BLE001
+                out["memory_error"] = f"{type(exc).__name__}: {exc}"
+        return out

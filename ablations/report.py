@@ -1,0 +1,474 @@
+"""The report of an ablation run folder: table (CSV + Markdown), seaborn plots, overview grid, W&B mirror.
+
+Everything here reads the per-arm JSON records (and the arms' ``.pt`` tensors for the overview grid), so
+``python -m studies.report RUN_DIR`` can rebuild it at any time. The JSON records stay the system of record; the
+W&B run (offline by default, under ``RUN_DIR/wandb``) is a mirror.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from var_core.eval import records as rec
+from var_core.eval.lightning import TIMED_REGION
+from var_core.eval.stats import format_summary
+
+__all__ = ["table_frame", "write_table", "write_plots", "write_overview_grid", "log_wandb", "write_report",
+           "load_records"]
+
+# (column stem, summary key, label, digits, scale)
+METRICS = (
+    ("ms_per_image", "ms_per_image", "latency ms/img", 1, 1.0),
+    ("speedup", "speedup", "speedup", 2, 1.0),
+    ("speedup_interleaved", "speedup_interleaved", "speedup interleaved", 2, 1.0),
+    ("gflops", "gflops_per_image", "GFLOPs/img", 3, 1.0),
+    ("flops_ratio", "flops_ratio", "FLOPs ratio", 3, 1.0),
+    ("peak_mb", "peak_memory_mb", "peak MiB", 1, 1.0),
+    ("memory_ratio", "memory_ratio", "peak-mem ratio", 3, 1.0),
+    ("psnr", "psnr", "PSNR dB", 2, 1.0),
+    ("ssim", "ssim", "SSIM", 3, 1.0),
+    ("ms_ssim", "ms_ssim", "MS-SSIM", 3, 1.0),
+    ("token_agreement", "token_agreement", "token agree", 3, 1.0),
+    ("class_acc", "class_correct", "class acc", 3, 1.0),
+    ("fid_proxy", "fid_proxy", "FID-proxy", 2, 1.0),
+    ("kid_proxy", "kid_proxy", "KID-proxy", 4, 1.0),
+    ("is_proxy", "is_proxy", "IS-proxy", 2, 1.0),
+    ("fid_real", "fid_real", "FID-real", 2, 1.0),
+    ("fid_inception", "fid_inception", "FID (Inception)", 2, 1.0),
+    ("clip_score", "clip_score", "CLIP", 2, 1.0),
+)
+MARKDOWN_COLUMNS = ("ms_per_image", "speedup", "speedup_interleaved", "gflops", "flops_ratio", "peak_mb",
+                    "memory_ratio", "psnr", "ssim", "ms_ssim",
+                    "token_agreement", "class_acc", "fid_proxy", "fid_real", "fid_inception", "clip_score")
+
+
+def load_records(out_dir: str | Path) -> list[dict]:
+    """Finished records of a run folder in the order of its manifest (baseline first)."""
+    import json
+
+    out_dir = Path(out_dir)
+    order: list[str] = []
+    manifest = out_dir / "study.json"
+    if manifest.is_file():
+        order = [a["name"] for a in json.loads(manifest.read_text()).get("arms", [])]
+    records = [r for r in (rec.read_record(p) for p in sorted((out_dir / "arms").glob("*.json"))) if r]
+    rank = {name: i for i, name in enumerate(order)}
+    records.sort(key=lambda r: (r["role"] != "baseline", rank.get(r["arm"], len(rank)), r["arm"]))
+    return records
+
+
+def _get(summary: dict, key: str) -> dict | None:
+    value = summary.get(key)
+    return value if isinstance(value, dict) else None
+
+
+def _with_interleaved(records: list[dict], interleaved: dict | None) -> list[dict]:
+    """Records whose summary also holds ``speedup_interleaved`` / ``ms_per_image_interleaved`` (copies)."""
+    if not interleaved:
+        return records
+    out = []
+    for r in records:
+        entry = interleaved.get("arms", {}).get(r["arm"])
+        if entry:
+            r = dict(r, summary=dict(r["summary"], ms_per_image_interleaved=entry["ms_per_image"],
+                                     **({"speedup_interleaved": entry["speedup"]} if "speedup" in entry else {})))
+        out.append(r)
+    return out
+
+
+def table_frame(records: list[dict], unavailable: list | None = None, interleaved: dict | None = None):
+    """One row per arm; each metric as ``<stem>``, ``<stem>_low``, ``<stem>_high``, ``<stem>_n``."""
+    import pandas as pd
+
+    records = _with_interleaved(records, interleaved)
+    rows = []
+    for r in records:
+        s = r["summary"]
+        t = r["timing"]
+        row: dict[str, Any] = {"arm": r["arm"], "role": r["role"], "changes": r.get("changes", ""),
+                               "n": r["samples"]["n"], "batch_size": t.get("batch_size"),
+                               "n_batches": len(t.get("batches", []))}
+        for stem, key, _, _, _ in METRICS:
+            summ = _get(s, key)
+            if r["role"] == "baseline" and key in ("speedup", "speedup_interleaved", "flops_ratio", "memory_ratio"):
+                summ = {"mean": 1.0, "low": 1.0, "high": 1.0, "n": summ["n"] if summ else None}
+            row[stem] = summ["mean"] if summ else None
+            row[f"{stem}_low"] = summ["low"] if summ else None
+            row[f"{stem}_high"] = summ["high"] if summ else None
+            row[f"{stem}_n"] = summ["n"] if summ else None
+        ident = r["metrics"]["per_sample"].get("identical")
+        row["identical_fraction"] = (float(np.mean([v for v in ident if v is not None])) if ident else None)
+        row["memory_source"] = t.get("memory_source")
+        tests = r["metrics"].get("wilcoxon_vs_baseline", {})
+        for name in ("class_prob", "entropy_mean"):
+            row[f"wilcoxon_p_{name}"] = tests.get(name, {}).get("p_value") if name in tests else None
+        row["config_hash"] = r["config_hash"]
+        row["status"] = "reference" if r["role"] == "baseline" else "ok"
+        rows.append(row)
+    for arm in unavailable or []:
+        rows.append({"arm": arm.name, "role": arm.role, "changes": arm.changes, "status": f"unavailable: {arm.error}"})
+    return pd.DataFrame(rows)
+
+
+def _cell(record: dict, stem: str, key: str, digits: int) -> str:
+    if record["role"] == "baseline":
+        if key in ("speedup", "speedup_interleaved", "flops_ratio", "memory_ratio"):
+            return "1 (ref)"
+        if key in ("psnr", "ssim", "ms_ssim", "token_agreement", "fid_proxy", "kid_proxy"):
+            return "ref"
+    summ = _get(record["summary"], key)
+    if summ is None:
+        return "n/a"
+    return format_summary(summ, digits)
+
+
+def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None, interleaved: dict | None = None
+                ) -> dict[str, Path]:
+    """``table.csv`` (every number, with CI bounds and n) and ``table.md`` (formatted, with notes)."""
+    frame = table_frame(records, unavailable, interleaved)
+    records = _with_interleaved(records, interleaved)
+    csv_path = out_dir / "table.csv"
+    tmp = csv_path.with_name(".table.csv.tmp")
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, csv_path)
+
+    present = [m for m in METRICS if m[0] in MARKDOWN_COLUMNS and any(
+        _get(r["summary"], m[1]) is not None for r in records if r["role"] != "baseline"
+        or m[0] in ("gflops", "peak_mb")) or m[0] in ("ms_per_image", "speedup")]
+    n_batches = {len(r["timing"].get("batches", [])) for r in records}
+    batches_note = f" ({n_batches.pop()} batches)" if len(n_batches) == 1 else " (batches)"
+    rounds_note = (f" (b={interleaved['batch_size']}, {interleaved['rounds']} rounds)" if interleaved else "")
+    header = ["arm", "n"] + [m[2] + (batches_note if m[0] in ("ms_per_image", "speedup") else
+                                     rounds_note if m[0] == "speedup_interleaved" else "") for m in present]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in records:
+        cells = [f"**{r['arm']}**" if r["role"] == "baseline" else r["arm"], str(r["samples"]["n"])]
+        cells += [_cell(r, m[0], m[1], m[3]) for m in present]
+        lines.append("| " + " | ".join(cells) + " |")
+    for arm in unavailable:
+        lines.append("| " + " | ".join([arm.name, "0"] + ["unavailable"] * len(present)) + " |")
+    base = next((r for r in records if r["role"] == "baseline"), None)
+    doc = []
+    if base is not None:
+        fam = base["family"]
+        doc.append(f"# Ablation `{fam}` on `{base['model']['name']}`\n")
+        s = base["sampling"]
+        env = base["environment"]
+        doc.append(f"{base['samples']['n']} samples per arm (labels i mod classes, per-sample seeds from base seed "
+                   f"{base['samples']['base_seed']}; sample set {base['samples']['hash']}), sampling cfg={s['cfg']} "
+                   f"top_k={s['top_k']} top_p={s['top_p']}; batch {base['timing']['batch_size']}, "
+                   f"{base['timing']['warmup_generations']} warm-up generation(s) per process discarded; "
+                   f"{env.get('device_name')} ({env.get('device')}), {env.get('threads')} threads, dtype "
+                   f"{env.get('dtype')}, git {(env.get('git') or {}).get('sha', '?')}"
+                   + (" (dirty)" if (env.get('git') or {}).get('dirty') else "") + ".\n")
+        if plan is not None and plan.notes:
+            doc.extend(f"> {note}\n" for note in plan.notes)
+    doc.append("Each cell: mean [95 % bootstrap CI]; `n` = samples per arm (latency and speedup: over the "
+               "n/batch-size batches, speedup paired by batch; FID/KID/IS: set-level, bootstrap over samples). "
+               "Fidelity metrics (PSNR, SSIM, MS-SSIM, token agreement, FID-proxy) compare each arm with the "
+               "baseline image of the same seed.\n")
+    doc.extend(lines)
+    doc.append("")
+    doc.append(f"Timed region: {TIMED_REGION}.\n")
+    if interleaved:
+        doc.append(f"`speedup interleaved`: after all arms, a batch of {interleaved['batch_size']} (the first "
+                   f"samples) per arm was re-timed {interleaved['rounds']} times with the arms back to back in a "
+                   f"rotating order, the ratio paired by round: the latency-regime speedup, robust to load changes "
+                   f"between the arms' main runs (on a shared machine trust it over the sequential `speedup`, "
+                   f"which is the throughput-batch number).\n")
+    reasons: dict[str, str] = {}
+    for r in records:
+        for name, why in r["metrics"].get("unavailable", {}).items():
+            if why != "reference arm":
+                reasons.setdefault(name, why)
+    if reasons:
+        doc.append("Not available here:\n")
+        doc.extend(f"- `{name}`: {why}" for name, why in sorted(reasons.items()))
+        doc.append("")
+    tests = [(r["arm"], name, t) for r in records for name, t in r["metrics"].get("wilcoxon_vs_baseline", {}).items()]
+    if tests:
+        doc.append("Paired Wilcoxon signed-rank tests against the baseline (same samples):\n")
+        doc.append("| arm | metric | n | non-zero | median diff | p |")
+        doc.append("|---|---|---|---|---|---|")
+        for arm, name, t in tests:
+            p = t.get("p_value")
+            md = t.get("median_difference")
+            doc.append(f"| {arm} | {name} | {t.get('n')} | {t.get('n_nonzero')} | "
+                       f"{'n/a' if md is None else f'{md:.4g}'} | {'n/a' if p is None else f'{p:.3g}'} |")
+        doc.append("")
+    if unavailable:
+        doc.append("Unavailable arms:\n")
+        doc.extend(f"- `{a.name}`: {a.error}" for a in unavailable)
+        doc.append("")
+    doc.append("Arms:\n")
+    doc.extend(f"- `{r['arm']}` ({r['config_hash']}): {r.get('changes') or r['description']}" for r in records)
+    md_path = out_dir / "table.md"
+    tmp = md_path.with_name(".table.md.tmp")
+    tmp.write_text("\n".join(doc) + "\n")
+    os.replace(tmp, md_path)
+    return {"csv": csv_path, "markdown": md_path}
+
+
+# ----- plots -----------------------------------------------------------------------------------------------
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    return plt, sns
+
+
+def _err(summ: dict | None) -> tuple[float, float, float]:
+    if not summ or summ.get("mean") is None:
+        return math.nan, 0.0, 0.0
+    m = summ["mean"]
+    lo = summ.get("low") if summ.get("low") is not None else m
+    hi = summ.get("high") if summ.get("high") is not None else m
+    return m, max(0.0, m - lo) if math.isfinite(lo) else 0.0, max(0.0, hi - m) if math.isfinite(hi) else 0.0
+
+
+def write_plots(out_dir: Path, records: list[dict]) -> dict[str, Path]:
+    """speed-quality scatter, entropy per scale, activation-scale histogram per class, token agreement,
+    latency breakdown."""
+    import pandas as pd
+
+    plt, sns = _plt()
+    plots_dir = out_dir / "plots"
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    arms = [r for r in records if r["role"] != "baseline"]
+    palette = dict(zip([r["arm"] for r in records], sns.color_palette("tab10", max(3, len(records)))))
+
+    # 1. speed vs quality with CI bars
+    quality = [k for k in ("psnr", "fid_proxy", "class_correct") if any(_get(r["summary"], k) for r in arms)]
+    if arms and quality:
+        fig, axes = plt.subplots(1, len(quality), figsize=(4.6 * len(quality), 3.8), squeeze=False)
+        labels = {"psnr": "PSNR vs baseline (dB)", "fid_proxy": "FID-proxy vs baseline (lower is better)",
+                  "class_correct": "class accuracy"}
+        for ax, key in zip(axes[0], quality):
+            for r in records:
+                speed_key = "speedup_interleaved" if _get(r["summary"], "speedup_interleaved") else "speedup"
+                x, xl, xh = _err(_get(r["summary"], speed_key)) if r["role"] != "baseline" else (1.0, 0, 0)
+                y, yl, yh = _err(_get(r["summary"], key))
+                if r["role"] == "baseline" and key in ("psnr", "fid_proxy"):
+                    continue
+                if not (math.isfinite(x) and math.isfinite(y)):
+                    continue
+                ax.errorbar([x], [y], xerr=[[xl], [xh]], yerr=[[yl], [yh]], fmt="s" if r["role"] == "baseline"
+                            else "o", capsize=3, color=palette[r["arm"]], label=r["arm"], alpha=0.85)
+            ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+            interleaved = any(_get(r["summary"], "speedup_interleaved") for r in arms)
+            ax.set_xlabel("speedup vs baseline (x" + (", interleaved timing)" if interleaved else ")"))
+            ax.set_ylabel(labels[key])
+        fig.suptitle(f"speed vs quality ({records[0]['family']}, n={records[0]['samples']['n']}, 95% CI)")
+        handles, names = {}, []
+        for ax in axes[0]:
+            for handle, name in zip(*ax.get_legend_handles_labels()):
+                if name not in handles:
+                    handles[name] = handle
+                    names.append(name)
+        fig.tight_layout(rect=(0, 0, 0.88, 1))
+        fig.legend([handles[n] for n in names], names, loc="center right", fontsize=7, frameon=False)
+        paths["speed_quality"] = plots_dir / "speed_quality.png"
+        fig.savefig(paths["speed_quality"], dpi=130)
+        plt.close(fig)
+
+    # 2. per-scale entropy curves
+    rows = []
+    for r in records:
+        for i, ent in enumerate(r["metrics"]["per_scale"].get("entropy") or []):
+            for s, v in enumerate(ent):
+                if v is not None:
+                    rows.append((r["arm"], i, s, v))
+    if rows:
+        df = pd.DataFrame(rows, columns=["arm", "sample", "scale", "entropy"])
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        sns.lineplot(df, x="scale", y="entropy", hue="arm", errorbar=("ci", 95), seed=0, marker="o", ax=ax,
+                     palette=palette)
+        ax.set_xlabel("scale (0-indexed)")
+        ax.set_ylabel("mean predictive entropy (nats / token)")
+        ax.set_title("per-scale entropy of the sampled distribution (95% CI over samples)")
+        fig.tight_layout()
+        paths["entropy_per_scale"] = plots_dir / "entropy_per_scale.png"
+        fig.savefig(paths["entropy_per_scale"], dpi=130)
+        plt.close(fig)
+
+    # 3. activation scale per class (NOVA Figure 8)
+    rows = []
+    for r in arms:
+        act = r["metrics"].get("activation_scale")
+        if not act or all(a is None for a in act):
+            continue
+        for label, a in zip(r["metrics"]["label"], act):
+            if a is not None:
+                rows.append((r["arm"], int(label), int(a)))
+    if rows:
+        df = pd.DataFrame(rows, columns=["arm", "class", "activation scale"])
+        varying = [a for a in df["arm"].unique() if df[df["arm"] == a]["activation scale"].nunique() > 1]
+        show = varying or list(df["arm"].unique())
+        show = show[:6]
+        df = df[df["arm"].isin(show)]
+        grid = sns.displot(df, x="activation scale", hue="class", col="arm", col_wrap=min(3, len(show)),
+                           multiple="dodge", discrete=True, shrink=0.8, palette="tab10", height=3, aspect=1.3)
+        grid.set_titles("{col_name}")
+        num_scales = records[0].get("model", {}).get("num_scales")
+        lo, hi = int(df["activation scale"].min()), int(df["activation scale"].max())
+        ticks = list(range(lo, hi + 1))
+        for ax in grid.axes.flat:
+            ax.set_xticks(ticks)
+            ax.set_xticklabels(["never" if t == num_scales else str(t) for t in ticks])
+        grid.figure.suptitle("first accelerated scale per sample, by class (never = number of scales)", y=1.02)
+        paths["activation_histogram"] = plots_dir / "activation_histogram.png"
+        grid.figure.savefig(paths["activation_histogram"], dpi=130, bbox_inches="tight")
+        plt.close(grid.figure)
+
+    # 4. token agreement per scale
+    rows = []
+    for r in arms:
+        for i, agree in enumerate(r["metrics"]["per_scale"].get("token_agreement") or []):
+            for s, v in enumerate(agree):
+                if v is not None:
+                    rows.append((r["arm"], i, s, v))
+    if rows:
+        df = pd.DataFrame(rows, columns=["arm", "sample", "scale", "agreement"])
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        sns.lineplot(df, x="scale", y="agreement", hue="arm", errorbar=("ci", 95), seed=0, marker="o", ax=ax,
+                     palette=palette)
+        ax.set_ylabel("fraction of tokens equal to the baseline")
+        ax.set_title("token agreement with the baseline per scale (95% CI)")
+        fig.tight_layout()
+        paths["token_agreement"] = plots_dir / "token_agreement.png"
+        fig.savefig(paths["token_agreement"], dpi=130)
+        plt.close(fig)
+
+    # 5. latency breakdown
+    rows = [(r["arm"], comp, ms) for r in records
+            for comp, ms in (r["timing"].get("breakdown_ms_per_image") or {}).items()]
+    if rows:
+        df = pd.DataFrame(rows, columns=["arm", "component", "ms"])
+        pivot = df.pivot_table(index="arm", columns="component", values="ms", aggfunc="sum", fill_value=0.0)
+        pivot = pivot.reindex([r["arm"] for r in records if r["arm"] in pivot.index])
+        pivot = pivot[pivot.sum().sort_values(ascending=False).index]
+        fig, ax = plt.subplots(figsize=(9, 0.45 * len(pivot) + 1.8))
+        pivot.plot(kind="barh", stacked=True, ax=ax, colormap="tab20", width=0.75)
+        ax.invert_yaxis()
+        ax.set_xlabel("ms per image (self time of the profiler's spans)")
+        ax.legend(fontsize=6, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.set_title("latency breakdown per component")
+        fig.tight_layout()
+        paths["latency_breakdown"] = plots_dir / "latency_breakdown.png"
+        fig.savefig(paths["latency_breakdown"], dpi=130)
+        plt.close(fig)
+    return paths
+
+
+def write_overview_grid(out_dir: Path, records: list[dict], k: int = 8) -> Path | None:
+    """One row per arm (baseline first), the first ``k`` samples (same seeds in every column)."""
+    import torch
+
+    from var_core.eval.images import save_grid
+    from var_core.eval.lightning import GenerationRun
+
+    rows = []
+    for r in records:
+        pt = rec.record_paths(out_dir, r["arm"])[1]
+        if not pt.is_file():
+            continue
+        run = GenerationRun.load(pt)
+        if run.images_u8 is None:
+            continue
+        rows.append(run.images[:k])
+    if not rows:
+        return None
+    k = min(x.shape[0] for x in rows)
+    images = torch.cat([x[:k] for x in rows])
+    upscale = max(1, 128 // images.shape[-1])
+    path = save_grid(images, out_dir / "grids" / "overview.png", nrow=k, upscale=upscale)
+    (out_dir / "grids" / "overview_rows.txt").write_text(
+        "\n".join(r["arm"] for r in records if rec.record_paths(out_dir, r["arm"])[1].is_file()) + "\n")
+    return path
+
+
+# ----- W&B -------------------------------------------------------------------------------------------------
+def log_wandb(out_dir: Path, mode: str, records: list[dict], frame, plots: dict[str, Path],
+              grids: dict[str, Path]) -> Path | None:
+    """Mirror the table, plots and grids into a W&B run under ``out_dir/wandb`` (``disabled``: nothing at all)."""
+    if mode == "disabled":
+        return None
+    os.environ.setdefault("WANDB_SILENT", "true")
+    wandb_root = out_dir / "wandb"
+    wandb_root.mkdir(parents=True, exist_ok=True)
+    for var, sub in (("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"), ("WANDB_ARTIFACT_DIR", "artifacts")):
+        os.environ.setdefault(var, str(wandb_root / sub))
+    import wandb
+
+    base = records[0] if records else {}
+    config = {"family": base.get("family"), "model": base.get("model"), "sampling": base.get("sampling"),
+              "samples": {k: v for k, v in (base.get("samples") or {}).items() if k in ("n", "base_seed", "hash")},
+              "arms": {r["arm"]: {"config_hash": r["config_hash"], "policy": r["policy"]} for r in records}}
+    run = wandb.init(mode=mode, dir=str(out_dir), project=os.environ.get("WANDB_PROJECT", "varscope"),
+                     name=f"ablate-{base.get('family')}-{out_dir.name}", config=config, job_type="ablation",
+                     settings=wandb.Settings(silent=True, x_disable_stats=True))
+    try:
+        table = frame.astype(object).where(frame.notna(), None)
+        payload: dict[str, Any] = {"ablation_table": wandb.Table(dataframe=table)}
+        for name, path in plots.items():
+            payload[f"plots/{name}"] = wandb.Image(str(path))
+        for name, path in grids.items():
+            payload[f"grids/{name}"] = wandb.Image(str(path), caption=name)
+        run.log(payload)
+        for r in records:
+            for key in ("ms_per_image", "speedup", "psnr", "ssim", "class_correct", "fid_proxy"):
+                summ = _get(r["summary"], key)
+                if summ and summ.get("mean") is not None:
+                    run.summary[f"{r['arm']}/{key}"] = summ["mean"]
+        run_dir = Path(run.dir).parent if getattr(run, "dir", None) else wandb_root
+    finally:
+        run.finish()
+    return run_dir
+
+
+def write_report(out_dir: Path, records: list[dict], unavailable: list, *, plan=None, adapter=None,
+                 log: Callable[[str], None] = print, plots: bool = True, grid_samples: int = 8,
+                 wandb_mode: str = "offline", base_run=None, interleaved: dict | None = None) -> dict[str, Any]:
+    out_dir = Path(out_dir)
+    if interleaved is None and (out_dir / "timing_interleaved.json").is_file():
+        import json
+
+        interleaved = json.loads((out_dir / "timing_interleaved.json").read_text())
+        if set(interleaved.get("arms", {})) != {r["arm"] for r in records}:
+            interleaved = None  # from another selection of arms
+    outputs: dict[str, Any] = {"records": [str(rec.record_paths(out_dir, r["arm"])[0]) for r in records]}
+    outputs.update({k: str(v) for k, v in write_table(out_dir, records, unavailable, plan, interleaved).items()})
+    if interleaved:
+        outputs["timing_interleaved"] = str(out_dir / "timing_interleaved.json")
+    plot_paths: dict[str, Path] = {}
+    if plots and records:
+        try:
+            plot_paths = write_plots(out_dir, _with_interleaved(records, interleaved))
+        except Exception as exc:  # noqa: BLE001 - a plot must never lose the records
+            log(f"plots failed: {type(exc).__name__}: {exc}")
+    outputs["plots"] = {k: str(v) for k, v in plot_paths.items()}
+    grids = {rec.arm_slug(r["arm"]): out_dir / "grids" / f"{rec.arm_slug(r['arm'])}.png" for r in records}
+    grids = {k: v for k, v in grids.items() if v.is_file()}
+    overview = write_overview_grid(out_dir, records, grid_samples)
+    if overview is not None:
+        grids = {"overview": overview, **grids}
+    outputs["grids"] = {k: str(v) for k, v in grids.items()}
+    try:
+        run_dir = log_wandb(out_dir, wandb_mode, records, table_frame(records, unavailable, interleaved), plot_paths,
+                            grids)
+        outputs["wandb"] = str(run_dir) if run_dir else None
+    except Exception as exc:  # noqa: BLE001 - W&B is a mirror; the JSON/CSV results stand without it
+        outputs["wandb"] = None
+        outputs["wandb_error"] = f"{type(exc).__name__}: {exc}"
+        log(f"W&B logging failed ({type(exc).__name__}: {exc}); the JSON/CSV results are complete without it")
+    return outputs

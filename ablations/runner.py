@@ -1,0 +1,567 @@
+"""The shared ablation runner: arms → Lightning generation with profilers → metrics vs baseline → records → report.
+
+``run_study(StudyOptions(family="scorer"))`` does, in order:
+
+1. builds the family's arms and applies ``--set`` overrides (errors here, before any model is loaded);
+2. loads the model (``testbed`` when its weights are shipped, else ``official-tiny``, unless ``model`` is given) and
+   the metric context (testbed classifier where it applies);
+3. runs the baseline, then every arm, each through :func:`var_core.eval.lightning.run_generation` with a
+   :class:`~ablations.probes.ProfilerProbe` (latency breakdown, analytic FLOPs, peak memory) — or reuses its record
+   from an earlier run into the same folder (same config hash, model, sampling and sample set);
+4. computes the metrics against the baseline (same seeds), writes the arm's JSON record atomically and its sample
+   grid as soon as the arm finishes;
+5. writes the table (CSV + Markdown), the plots, the overview grid and the W&B run (offline by default).
+
+Every number that needs the baseline is paired by sample index (and the speedup by batch, when both were cut the
+same way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from var_core.eval import records as rec
+from var_core.eval.lightning import ConditionSet, GenerationRun, run_generation
+from var_core.eval.metrics import MetricContext, compute_arm_metrics
+from var_core.eval.stats import Summary, bootstrap_ci, paired_bootstrap_ratio, paired_wilcoxon
+
+from .base import Arm, FamilyContext, build_arms
+from .overrides import apply_overrides, parse_overrides
+from .probes import ProfilerProbe
+
+__all__ = ["StudyOptions", "StudyPlan", "StudyResult", "plan_study", "run_study", "resolve_model",
+           "resolve_sampling", "default_out_dir"]
+
+PAIRED_TESTS = ("class_prob", "class_correct", "entropy_mean")
+
+
+@dataclass
+class StudyOptions:
+    family: str
+    model: str | None = None  # None: the testbed if its weights are shipped, else official-tiny
+    weights: str | None = None
+    samples: int = 64
+    batch_size: int = 16
+    seed: int = 0
+    out: str | None = None
+    accelerator: str = "cpu"
+    devices: int = 1
+    strategy: str = "auto"
+    wandb: str = "offline"  # offline | online | disabled
+    overrides: tuple[str, ...] = ()
+    method: str = "nova"  # base of the 'options' family
+    warmup: int = 1
+    progress: bool = True
+    dtype: str = "float32"
+    arms: tuple[str, ...] | None = None  # run only these arm names (the baseline always runs)
+    inception_weights: str | None = None
+    clip_weights: str | None = None
+    classifier: str | None = None  # testbed classifier weights (default: the shipped file)
+    profile: bool = True
+    threads: int | None = None  # intra-op threads per process (None: torch / Lightning default)
+    grid_samples: int = 8
+    plots: bool = True
+    timing_rounds: int = 5  # interleaved re-timing rounds per arm (0: off): latency speedup robust to load drift
+    timing_batch: int = 1  # batch size of the interleaved re-timing (1: the latency regime)
+
+
+@dataclass
+class StudyPlan:
+    options: StudyOptions
+    arms: list[Arm]
+    model: str
+    weights: str | None
+    notes: list[str]
+    out_dir: Path
+
+
+@dataclass
+class StudyResult:
+    out_dir: Path
+    records: list[dict]
+    computed: list[str]  # arm names generated in this run
+    reused: list[str]  # arm names whose records were reused
+    unavailable: list[Arm]
+    outputs: dict[str, Any]  # table / plots / grids / wandb paths
+    seconds: float
+
+
+# ----- resolution ------------------------------------------------------------------------------------------
+def resolve_model(name: str | None, weights: str | None) -> tuple[str, str | None, list[str]]:
+    from var_core.models.zoo import TESTBED_DIR
+
+    notes = []
+    if name is None:
+        if weights is not None or (TESTBED_DIR / "testbed.json").is_file():
+            name = "testbed"
+        else:
+            name = "official-tiny"
+            notes.append(f"the testbed's weights are not shipped yet ({TESTBED_DIR / 'testbed.json'} is missing): "
+                         f"using 'official-tiny', the tiny random VAR of the official-code fixture (its images are "
+                         f"noise, so only speed and fidelity-to-baseline numbers mean something)")
+    return name, weights, notes
+
+
+def resolve_sampling(adapter, model: str, weights: str | None):
+    from var_core.engine import SamplingConfig
+
+    default = getattr(adapter, "default_sampling", None)
+    if isinstance(default, SamplingConfig):
+        return default
+    if isinstance(default, dict):
+        return SamplingConfig(**default)
+    if model.removeprefix("random:") == "testbed":
+        from var_core.models.zoo import TESTBED_DIR
+
+        card = Path(weights) / "testbed.json" if weights else TESTBED_DIR / "testbed.json"
+        try:
+            data = json.loads(card.read_text()).get("default_sampling")
+            if data:
+                return SamplingConfig(**{k: v for k, v in data.items()
+                                         if k in {f.name for f in dataclasses.fields(SamplingConfig)}})
+        except (OSError, ValueError, TypeError):
+            pass
+    return SamplingConfig()
+
+
+def default_out_dir(options: StudyOptions, model: str) -> Path:
+    tag = f"{options.family}"
+    if options.family == "options":
+        tag += f"-{options.method}"
+    tag += f"_{rec.arm_slug(model.replace(':', '-'))}_n{options.samples}_seed{options.seed}"
+    if options.overrides:
+        tag += "_set-" + hashlib.sha1(" ".join(sorted(options.overrides)).encode()).hexdigest()[:8]
+    return Path("results") / "ablate" / tag
+
+
+def plan_study(options: StudyOptions) -> StudyPlan:
+    """Arms (with overrides), model and output folder — every configuration error surfaces here."""
+    if options.samples < 2:
+        raise ValueError(f"--samples must be >= 2 (confidence intervals need spread), got {options.samples}")
+    if options.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {options.batch_size}")
+    if options.wandb not in ("offline", "online", "disabled"):
+        raise ValueError(f"--wandb must be offline, online or disabled, got {options.wandb!r}")
+    arms = build_arms(options.family, FamilyContext(method=options.method))
+    arms = apply_overrides(arms, parse_overrides(list(options.overrides)))
+    if options.arms:
+        wanted = set(options.arms)
+        unknown = wanted - {a.name for a in arms}
+        if unknown:
+            raise ValueError(f"unknown arm(s) {sorted(unknown)}; arms of {options.family}: "
+                             f"{', '.join(a.name for a in arms)}")
+        arms = [a for a in arms if a.role == "baseline" or a.name in wanted]
+    model, weights, notes = resolve_model(options.model, options.weights)
+    out_dir = Path(options.out) if options.out else default_out_dir(options, model)
+    return StudyPlan(options, arms, model, weights, notes, out_dir)
+
+
+# ----- one arm ---------------------------------------------------------------------------------------------
+def _summaries(per_sample: dict[str, list], seed: int) -> dict[str, dict]:
+    return {name: bootstrap_ci(values, seed=seed).to_dict() for name, values in per_sample.items()}
+
+
+def _timing(run: GenerationRun, seed: int) -> dict:
+    batches = [{"first_index": b["indices"][0] if b["indices"] else None, "size": b["size"],
+                "seconds": b["seconds"], "rank": b["rank"]} for b in run.batches]
+    ms_per_image = [1000 * b["seconds"] / b["size"] for b in run.batches if b["size"]]
+    total_images = sum(b["size"] for b in run.batches)
+    out: dict[str, Any] = {
+        "batches": batches, "ms_per_image": bootstrap_ci(ms_per_image, seed=seed).to_dict(),
+        "generate_seconds": sum(b["seconds"] for b in run.batches), "predict_wall_seconds": run.wall_seconds,
+        "images": total_images,
+    }
+    probes = [b.get("probes", {}).get("profile") for b in run.batches]
+    probes = [p for p in probes if p]
+    if probes:
+        comp: dict[str, float] = {}
+        for p in probes:
+            for k, v in p.get("component_self_ms", {}).items():
+                comp[k] = comp.get(k, 0.0) + v
+        if comp:
+            out["breakdown_ms_per_image"] = {k: v / max(total_images, 1) for k, v in
+                                             sorted(comp.items(), key=lambda kv: -kv[1])}
+            out["breakdown_note"] = ("self time per component (profilers.timers.ComponentTimer spans, inside the "
+                                     "timed region), summed over batches and divided by the number of images")
+        flops = [p.get("flops") for p in probes]
+        if all(f is not None for f in flops):
+            out["flops_per_image"] = sum(flops) / max(total_images, 1)
+            by: dict[str, float] = {}
+            for p in probes:
+                for k, v in p.get("flops_by_component", {}).items():
+                    by[k] = by.get(k, 0.0) + v / max(total_images, 1)
+            out["flops_by_component_per_image"] = by
+        else:
+            errors = {p.get("flops_error") for p in probes if p.get("flops_error")}
+            out["flops_error"] = "; ".join(sorted(errors)) or "no FLOPs"
+        peaks = [p.get("peak_memory_bytes") for p in probes if p.get("peak_memory_bytes") is not None]
+        if peaks:
+            out["peak_memory_bytes"] = max(peaks)
+            out["memory_source"] = probes[0].get("memory_source")
+        notes = {p.get("note") for p in probes if p.get("note")}
+        if notes:
+            out["profiler_note"] = "; ".join(sorted(notes))
+    else:
+        out["profiler_note"] = "no profiler attached (wall-clock per batch only)"  # TODO hook: profilers
+    return out
+
+
+def _kept_fraction(run: GenerationRun, adapter) -> list[float | None]:
+    """Per scale: tokens computed over all blocks and branches / the dense count, averaged over batches."""
+    hw = adapter.scale_hw
+    out = []
+    for s, (h, w) in enumerate(hw):
+        fracs = []
+        for b in run.batches:
+            kept = b["kept_tokens"]
+            if s >= len(kept) or b["skipped"][s] or not kept[s]:
+                fracs.append(0.0 if s >= len(kept) or b["skipped"][s] else None)
+                continue
+            counts = [n for block in kept[s] for n in block]
+            fracs.append(sum(counts) / (len(counts) * h * w))
+        fracs = [f for f in fracs if f is not None]
+        out.append(float(np.mean(fracs)) if fracs else None)
+    return out
+
+
+def _arm_record(config: rec.RunConfig, arm: Arm, run: GenerationRun, metrics, adapter, plan: StudyPlan,
+                base_record: dict | None, metric_signature: dict) -> dict:
+    record = rec.new_record(config)
+    record["changes"] = arm.changes
+    record["model"].update({"family": getattr(adapter, "family", None), "image_size": getattr(adapter, "image_size",
+                            None), "num_scales": getattr(adapter, "num_scales", None),
+                            "num_classes": getattr(getattr(adapter, "cfg", None), "num_classes", None)})
+    record["environment"] = rec.environment_info(adapter, accelerator=config.accelerator, devices=config.devices,
+                                                 strategy=config.strategy, processes=run.processes)
+    record["timing"].update(_timing(run, plan.options.seed))
+    entropy = run.entropy
+    with np.errstate(all="ignore"):
+        entropy_mean = np.nanmean(entropy, axis=1) if entropy.size else np.zeros(0)
+    per_sample = dict(metrics.per_sample)
+    per_sample["entropy_mean"] = [None if not math.isfinite(v) else float(v) for v in entropy_mean]
+    record["metrics"] = {
+        "index": run.indices, "label": run.labels.tolist(), "per_sample": per_sample,
+        "per_scale": {"token_agreement": metrics.per_scale.get("token_agreement"),
+                      "entropy": [[None if not math.isfinite(v) else float(v) for v in row] for row in entropy],
+                      "kept_fraction": _kept_fraction(run, adapter)},
+        "activation_scale": run.activation_scale, "set_level": metrics.set_level,
+        "unavailable": metrics.unavailable, "signature": metric_signature,
+        "history_first_batch": run.batches[0].get("history") if run.batches else None,
+    }
+    summary = _summaries(per_sample, plan.options.seed)
+    summary.update(metrics.set_level)
+    summary["ms_per_image"] = record["timing"]["ms_per_image"]
+    summary.update(_absolute_costs(record["timing"]))
+    if base_record is not None:
+        _add_relative(record, summary, base_record, plan.options.seed)
+    record["summary"] = summary
+    record["status"] = "complete"
+    return record
+
+
+def _absolute_costs(timing: dict) -> dict:
+    """GFLOPs per image and peak memory (MiB) as point summaries (analytic / measured once, no interval)."""
+    out = {}
+    n = timing.get("images", 0)
+    if timing.get("flops_per_image") is not None:
+        g = timing["flops_per_image"] / 1e9
+        out["gflops_per_image"] = Summary(g, g, g, n, method="analytic").to_dict()
+    if timing.get("peak_memory_bytes") is not None:
+        m = timing["peak_memory_bytes"] / 2 ** 20
+        out["peak_memory_mb"] = Summary(m, m, m, n, method=timing.get("memory_source", "")).to_dict()
+    return out
+
+
+def _add_relative(record: dict, summary: dict, base_record: dict, seed: int) -> None:
+    """Speedup, FLOPs and memory ratios and paired tests against the baseline record."""
+    base_t, arm_t = base_record["timing"], record["timing"]
+    base_b = {(b["first_index"], b["size"]): b["seconds"] for b in base_t.get("batches", [])}
+    arm_b = {(b["first_index"], b["size"]): b["seconds"] for b in arm_t.get("batches", [])}
+    if base_b and set(base_b) == set(arm_b):
+        keys = sorted(base_b, key=lambda k: (k[0] is None, k[0]))
+        speed = paired_bootstrap_ratio([base_b[k] for k in keys], [arm_b[k] for k in keys], seed=seed)
+        note = "paired by batch (same samples)"
+    else:
+        b, a = base_t["ms_per_image"]["mean"], arm_t["ms_per_image"]["mean"]
+        value = b / a if a else math.nan
+        speed = Summary(value, math.nan, math.nan, len(arm_b), method="ratio of means (batches differ)")
+        note = "ratio of mean ms/image (the baseline's batches were cut differently)"
+    summary["speedup"] = speed.to_dict()
+    arm_t["speedup_note"] = note
+    if base_t.get("flops_per_image") and arm_t.get("flops_per_image") is not None:
+        ratio = arm_t["flops_per_image"] / base_t["flops_per_image"]
+        summary["flops_ratio"] = Summary(ratio, ratio, ratio, arm_t.get("images", 0), method="analytic").to_dict()
+    if base_t.get("peak_memory_bytes") and arm_t.get("peak_memory_bytes") is not None:
+        ratio = arm_t["peak_memory_bytes"] / base_t["peak_memory_bytes"]
+        summary["memory_ratio"] = Summary(ratio, ratio, ratio, arm_t.get("images", 0),
+                                          method=arm_t.get("memory_source", "")).to_dict()
+    tests = {}
+    base_ps = base_record["metrics"]["per_sample"]
+    arm_ps = record["metrics"]["per_sample"]
+    same_samples = base_record["metrics"]["index"] == record["metrics"]["index"]
+    for name in PAIRED_TESTS:
+        if same_samples and name in base_ps and name in arm_ps:
+            tests[name] = paired_wilcoxon(arm_ps[name], base_ps[name]).to_dict()
+    record["metrics"]["wilcoxon_vs_baseline"] = tests
+
+
+def _refresh_metrics(out_dir: Path, found: dict, metric_ctx: MetricContext, signature: dict,
+                     base_run: GenerationRun | None, base_record: dict | None, plan: StudyPlan, log) -> dict | None:
+    """``found`` with its metrics recomputed from its stored tensors (None when they are missing)."""
+    is_base = found["role"] == "baseline"
+    pt = rec.record_paths(out_dir, found["arm"])[1]
+    if not pt.is_file() or (not is_base and (base_run is None or base_record is None)):
+        return None
+    run = GenerationRun.load(pt)
+    reference = run if is_base else base_run
+    metrics = compute_arm_metrics(run.images, reference.images, run.labels, run.tokens, reference.tokens,
+                                  metric_ctx, is_baseline=is_base)
+    record = json.loads(json.dumps(found))  # deep copy
+    per_sample = dict(metrics.per_sample)
+    per_sample["entropy_mean"] = found["metrics"]["per_sample"].get("entropy_mean") or []
+    record["metrics"].update(per_sample=per_sample, set_level=metrics.set_level, unavailable=metrics.unavailable,
+                             signature=signature)
+    record["metrics"]["per_scale"]["token_agreement"] = metrics.per_scale.get("token_agreement")
+    summary = _summaries(per_sample, plan.options.seed)
+    summary.update(metrics.set_level)
+    summary["ms_per_image"] = record["timing"]["ms_per_image"]
+    summary.update(_absolute_costs(record["timing"]))
+    if not is_base:
+        _add_relative(record, summary, base_record, plan.options.seed)
+    record["summary"] = summary
+    record["metrics_refreshed"] = True
+    rec.write_json_atomic(rec.record_paths(out_dir, found["arm"])[0], record)
+    log(f"{found['arm']}: metrics recomputed from the stored samples (the metric context changed)")
+    return record
+
+
+def _metric_signature(ctx: MetricContext) -> dict:
+    return {"classifier": ctx.classifier is not None, "classifier_reason": ctx.classifier_reason,
+            "real_images": None if ctx.real_images is None else int(ctx.real_images.shape[0]),
+            "inception": ctx.inception_weights, "clip": ctx.clip_weights, "version": 1}
+
+
+# ----- the study -------------------------------------------------------------------------------------------
+def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: StudyPlan | None = None
+              ) -> StudyResult:
+    started = time.perf_counter()
+    plan = plan or plan_study(options)
+    for note in plan.notes:
+        log(f"note: {note}")
+    out_dir = plan.out_dir
+    (out_dir / "arms").mkdir(parents=True, exist_ok=True)
+    available = [a for a in plan.arms if a.ok]
+    unavailable = [a for a in plan.arms if not a.ok]
+    for arm in unavailable:
+        log(f"arm {arm.name!r} is unavailable here and is skipped: {arm.error}")
+    if not any(a.role == "baseline" for a in available):
+        raise RuntimeError("the baseline arm cannot be built")
+
+    from var_core.models.zoo import load_model
+
+    dtype = getattr(torch, options.dtype)
+    device = "cuda" if options.accelerator in ("gpu", "cuda") else "cpu"
+    # loaded on the CPU: Lightning moves the modules to each process's device
+    adapter = load_model(plan.model, weights=plan.weights, dtype=dtype, device="cpu")
+    sampling = resolve_sampling(adapter, plan.model, plan.weights)
+    num_classes = int(getattr(getattr(adapter, "cfg", None), "num_classes", 1) or 1)
+    conditions = ConditionSet.balanced(options.samples, num_classes, options.seed)
+    metric_ctx = MetricContext.build(adapter, classifier_path=options.classifier,
+                                     inception_weights=options.inception_weights,
+                                     clip_weights=options.clip_weights, real_count=options.samples,
+                                     seed=options.seed)
+    signature = _metric_signature(metric_ctx)
+    log(f"study {options.family!r}: {len(available)} arms on {plan.model} ({adapter.image_size}px, "
+        f"{adapter.num_scales} scales), {options.samples} samples per arm, batch {options.batch_size}, "
+        f"sampling {sampling}; results in {out_dir}")
+    if metric_ctx.classifier_reason:
+        log(f"class accuracy / FID-proxy: n/a ({metric_ctx.classifier_reason})")
+    _write_manifest(out_dir, plan, adapter, sampling, conditions, status="running")
+
+    def config_for(arm: Arm) -> rec.RunConfig:
+        return rec.RunConfig(
+            arm=arm.name, family=options.family, policy=arm.config, model=plan.model, weights=plan.weights,
+            sampling=sampling, conditions=conditions, batch_size=options.batch_size, warmup=options.warmup,
+            role=arm.role if arm.role == "baseline" else "arm", description=arm.description,
+            plain_loop=arm.role == "baseline", dtype=options.dtype, accelerator=options.accelerator,
+            devices=options.devices, strategy=options.strategy)
+
+    probes = [ProfilerProbe(device=device)] if options.profile else []
+    records: list[dict] = []
+    computed, reused = [], []
+    base_run: GenerationRun | None = None
+    base_record: dict | None = None
+    total = len(available)
+    for position, arm in enumerate(available, 1):
+        config = config_for(arm)
+        json_path, pt_path = rec.record_paths(out_dir, arm.name)
+        is_base = arm.role == "baseline"
+        found = rec.find_reusable(out_dir, config, need_tensors=is_base)
+        if found is not None and found.get("metrics", {}).get("signature") != signature:
+            # measured with another metric context (e.g. the classifier appeared since): recompute the metrics
+            # from the stored tensors, keep the generation and its timing; regenerate if the tensors are gone
+            found = _refresh_metrics(out_dir, found, metric_ctx, signature, base_run, base_record, plan, log)
+        if found is not None:
+            log(f"[{position}/{total}] {arm.name}: reusing the finished record "
+                f"({found['summary'].get('ms_per_image', {}).get('mean', float('nan')):.1f} ms/image)")
+            if found["arm"] != arm.name:  # renamed arm: keep a copy (record and tensors) under the current name
+                old_pt = rec.record_paths(out_dir, found["arm"])[1]
+                if old_pt.is_file() and not pt_path.is_file():
+                    tmp = pt_path.with_name(pt_path.name + ".tmp")
+                    shutil.copyfile(old_pt, tmp)
+                    os.replace(tmp, pt_path)
+                found = dict(found, arm=arm.name, description=arm.description, changes=arm.changes)
+                rec.write_json_atomic(json_path, found)
+            if is_base:
+                base_run = GenerationRun.load(pt_path)
+                base_record = found
+            records.append(found)
+            reused.append(arm.name)
+            continue
+        log(f"[{position}/{total}] {arm.name}: {arm.description}")
+        t0 = time.perf_counter()
+        run = run_generation(adapter, conditions, policy_config=None if is_base else arm.config,
+                             sampling=sampling, batch_size=options.batch_size, warmup=options.warmup,
+                             accelerator=options.accelerator, devices=options.devices, strategy=options.strategy,
+                             probes=probes, threads=options.threads,
+                             progress=f"[{position}/{total}] {arm.name}" if options.progress else False)
+        if is_base:
+            base_run = run
+        assert base_run is not None, "the baseline runs first"
+        metrics = compute_arm_metrics(run.images, base_run.images, run.labels, run.tokens, base_run.tokens,
+                                      metric_ctx, is_baseline=is_base)
+        record = _arm_record(config, arm, run, metrics, adapter, plan, None if is_base else base_record,
+                             signature)
+        record["timing"]["arm_wall_seconds"] = time.perf_counter() - t0
+        run.save(pt_path)
+        rec.write_json_atomic(json_path, record)
+        if is_base:
+            base_record = record
+        _save_grid(out_dir, arm.name, run, base_run, options.grid_samples)
+        records.append(record)
+        computed.append(arm.name)
+        s = record["summary"]
+        log(f"    {s['ms_per_image']['mean']:.1f} ms/image"
+            + (f", speedup {s['speedup']['mean']:.2f}x" if "speedup" in s else "")
+            + (f", PSNR {s['psnr']['mean']:.2f} dB" if "psnr" in s else "")
+            + (f", class acc {s['class_correct']['mean']:.3f}" if "class_correct" in s else "")
+            + f"  ({record['timing']['arm_wall_seconds']:.1f} s)")
+
+    interleaved = None
+    if options.timing_rounds > 0 and len(available) > 1:
+        log(f"interleaved timing: {options.timing_rounds} rounds of a batch of {options.timing_batch} per arm, arms "
+            f"back to back in rotating order")
+        interleaved = interleaved_timing(adapter, available, conditions, sampling, options.timing_batch,
+                                         options.timing_rounds, seed=options.seed, threads=options.threads)
+        rec.write_json_atomic(out_dir / "timing_interleaved.json", interleaved)
+
+    from . import report
+
+    outputs = report.write_report(out_dir, records, unavailable, plan=plan, adapter=adapter, log=log,
+                                  plots=options.plots, grid_samples=options.grid_samples, wandb_mode=options.wandb,
+                                  base_run=base_run, interleaved=interleaved)
+    seconds = time.perf_counter() - started
+    _write_manifest(out_dir, plan, adapter, sampling, conditions, status="complete", records=records,
+                    outputs=outputs, seconds=seconds, computed=computed, reused=reused)
+    return StudyResult(out_dir, records, computed, reused, unavailable, outputs, seconds)
+
+
+def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampling, batch_size: int, rounds: int,
+                       *, seed: int = 0, threads: int | None = None) -> dict:
+    """Re-time one batch (the first ``batch_size`` samples) per arm, ``rounds`` times, the arms in a rotating order
+    within each round. With the default batch of 1 this is the latency-regime speedup; the main runs give the
+    throughput-batch one (DESIGN.md: "speedup at batch 1 and at a throughput batch").
+
+    The per-arm Lightning runs are sequential, so a change in machine load between arms (a shared CPU) biases
+    their speedups; here every round times all arms back to back, and the speedup of an arm is the paired ratio
+    of the baseline's and the arm's time in the same round (bootstrap interval over rounds). Same timed region as
+    the main runs (``generate()`` with the same sampling and policy; no tracer attached), after one untimed
+    warm-up generation per arm at this batch size.
+    """
+    from var_core.accel.policy import build_policy
+    from var_core.engine import GenerationOptions, Policy, generate
+
+    n = min(batch_size, len(conditions))
+    labels = torch.tensor(conditions.labels[:n], device=adapter.device)
+    seeds = conditions.seeds[:n]
+    options = GenerationOptions(check_finite=adapter.device.type == "cpu")
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    policies = {a.name: (Policy() if a.role == "baseline" else build_policy(a.config)) for a in arms}
+
+    def sync():
+        if adapter.device.type == "cuda":
+            torch.cuda.synchronize(adapter.device)
+
+    times: dict[str, list[float]] = {a.name: [] for a in arms}
+    try:
+        for a in arms:  # warm-up at this batch size (new shapes), untimed
+            generate(adapter, labels, seeds=seeds, sampling=sampling, policy=policies[a.name], options=options)
+        for r in range(rounds):
+            order = arms[r % len(arms):] + arms[:r % len(arms)]
+            for a in order:
+                sync()
+                t0 = time.perf_counter_ns()
+                generate(adapter, labels, seeds=seeds, sampling=sampling, policy=policies[a.name], options=options)
+                sync()
+                times[a.name].append((time.perf_counter_ns() - t0) / 1e9)
+    finally:
+        torch.set_num_threads(previous)
+    base = next(a.name for a in arms if a.role == "baseline")
+    out = {"rounds": rounds, "batch_size": n, "threads": torch.get_num_threads() if threads is None else threads,
+           "timed_region": "generate() of the first batch of the sample set, no tracer; arms interleaved",
+           "arms": {}}
+    for a in arms:
+        ms = [1000 * t / n for t in times[a.name]]
+        entry = {"seconds": times[a.name], "ms_per_image": bootstrap_ci(ms, seed=seed).to_dict()}
+        if a.name != base:
+            entry["speedup"] = paired_bootstrap_ratio(times[base], times[a.name], seed=seed).to_dict()
+        out["arms"][a.name] = entry
+    return out
+
+
+def _save_grid(out_dir: Path, name: str, run: GenerationRun, base_run: GenerationRun, k: int) -> None:
+    from var_core.eval.images import save_grid
+
+    if run.images_u8 is None or base_run.images_u8 is None:
+        return
+    k = min(k, len(run))
+    images = run.images[:k] if run is base_run else torch.cat([base_run.images[:k], run.images[:k]])
+    upscale = max(1, 128 // run.images_u8.shape[-1])
+    save_grid(images, out_dir / "grids" / f"{rec.arm_slug(name)}.png", nrow=k, upscale=upscale)
+
+
+def _write_manifest(out_dir: Path, plan: StudyPlan, adapter, sampling, conditions, *, status: str,
+                    records: list[dict] | None = None, outputs: dict | None = None, seconds: float | None = None,
+                    computed=None, reused=None) -> None:
+    options = dataclasses.asdict(plan.options)
+    manifest = {
+        "schema": "varscope.study/1", "status": status, "family": plan.options.family, "options": options,
+        "model": {"name": plan.model, "weights": plan.weights, "image_size": getattr(adapter, "image_size", None),
+                  "num_scales": getattr(adapter, "num_scales", None), "family": getattr(adapter, "family", None)},
+        "notes": plan.notes,
+        "sampling": {"cfg": sampling.cfg, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                     "temperature": sampling.temperature},
+        "samples": {"n": len(conditions), "base_seed": conditions.base_seed, "hash": conditions.content_hash()},
+        "arms": [{"name": a.name, "role": a.role, "config_hash": a.config_hash, "changes": a.changes,
+                  "description": a.description, "error": a.error,
+                  "record": str(rec.record_paths(out_dir, a.name)[0].relative_to(out_dir)) if a.ok else None}
+                 for a in plan.arms],
+        "command": " ".join(sys.argv) if sys.argv else None,
+        "outputs": outputs or {}, "seconds": seconds, "computed": computed, "reused": reused,
+    }
+    rec.write_json_atomic(out_dir / "study.json", manifest)

@@ -1,0 +1,235 @@
+"""``python -m studies.ablate`` end to end on official-tiny: --set errors, outputs, resume, interruption, W&B,
+validate. Small: 4 samples per arm, batch 2."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+from ablations import build_arms  # noqa: E402
+from ablations.overrides import OverrideError, apply_overrides, parse_overrides  # noqa: E402
+from ablations.runner import StudyOptions, plan_study, run_study  # noqa: E402
+from studies import ablate  # noqa: E402
+from var_core.eval import records as rec  # noqa: E402
+
+SMALL = dict(model="official-tiny", samples=4, batch_size=2, warmup=0, progress=False, seed=1, threads=1)
+
+
+@pytest.fixture(autouse=True)
+def _wandb_out_of_home(tmp_path, monkeypatch):
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-env" / var.lower()))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_X_DISABLE_STATS", "true")
+
+
+# ----- --set -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("item, message", [
+    ("schedule.tauu=0.7", "Did you mean 'schedule.tau'"),
+    ("foo=1", "Valid keys for these arms: "),
+    ("schedule.tau=abc", "cannot read 'abc' as"),
+    ("schedule.tau=1.5", "out of range"),
+    ("granularity=layer", "is not one of"),
+    ("min_keep=0", "out of range"),
+    ("notakey", "expected key=value"),
+])
+def test_set_errors_before_anything_runs(item, message, capsys, tmp_path):
+    code = ablate.main(["scorer", "--model", "official-tiny", "--out", str(tmp_path / "x"), "--set", item])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert not (tmp_path / "x").exists()  # nothing ran, nothing written
+
+
+def test_set_applies_to_matching_arms_only():
+    arms = build_arms("scorer")
+    out = apply_overrides(arms, parse_overrides(["schedule.tau=0.7", "granularity=branch",
+                                                 "scorer.extractor=sobel"]))
+    by = {a.name: a for a in out}
+    assert by["baseline"].config == arms[0].config  # the reference is never changed
+    assert all(by[n].config.schedule.tau == 0.7 and by[n].config.granularity == "branch" for n in by if n != "baseline")
+    assert by["scorer=lhep"].config.scorer.extractor == "sobel"
+    assert "scorer.extractor=sobel" in by["scorer=lhep"].changes
+    assert "scorer.extractor" not in by["scorer=mse"].changes
+    with pytest.raises(OverrideError, match="schedule.tau"):
+        apply_overrides(arms, parse_overrides(["schedule.tua=1"]))
+
+
+def test_unknown_family_and_arm(capsys, tmp_path):
+    assert ablate.main(["scorr"]) == 2
+    assert "Did you mean 'scorer'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown arm"):
+        plan_study(StudyOptions(family="cache", arms=("nope",), **SMALL))
+
+
+# ----- a real run ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ablate") / "cache"
+    result = run_study(StudyOptions(family="cache", out=str(out), arms=("restorer=identity",), wandb="disabled",
+                                    **SMALL), log=lambda s: None)
+    assert result.computed == ["baseline", "restorer=identity"] and result.reused == []
+    return out
+
+
+def test_outputs_are_complete_and_self_describing(study_dir):
+    manifest = json.loads((study_dir / "study.json").read_text())
+    assert manifest["status"] == "complete" and manifest["family"] == "cache"
+    records = [rec.read_record(p) for p in sorted((study_dir / "arms").glob("*.json"))]
+    assert len(records) == 2 and all(records)
+    for r in records:
+        rec.validate_record(r)
+        env = r["environment"]
+        for key in ("git", "packages", "device", "dtype", "attention_backend", "threads"):
+            assert key in env
+        assert r["timing"]["batch_size"] == 2 and r["timing"]["warmup_generations"] == 0
+        assert "timed_region" in r["timing"] and len(r["timing"]["batches"]) == 2
+        assert r["samples"]["n"] == 4 and len(r["samples"]["seeds"]) == 4
+        assert r["summary"]["ms_per_image"]["n"] == 2
+        assert len(r["metrics"]["per_scale"]["entropy"]) == 4
+    arm = next(r for r in records if r["arm"] == "restorer=identity")
+    assert arm["policy"]["restorer"]["name"] == "identity"
+    for key in ("psnr", "ssim", "ms_ssim", "token_agreement", "speedup"):
+        assert arm["summary"][key]["n"] in (2, 4) and arm["summary"][key]["mean"] is not None
+    assert "flops_ratio" in arm["summary"] and "memory_ratio" in arm["summary"]
+    assert "class_correct" in arm["metrics"]["unavailable"]  # official-tiny is not the testbed
+    assert "breakdown_ms_per_image" in arm["timing"]
+    table = (study_dir / "table.md").read_text()
+    assert "| arm | n |" in table and "restorer=identity" in table and "Timed region" in table
+    import pandas as pd
+
+    frame = pd.read_csv(study_dir / "table.csv")
+    assert list(frame["arm"]) == ["baseline", "restorer=identity"] and set(frame["n"]) == {4}
+    for col in ("psnr_low", "psnr_high", "psnr_n", "speedup", "ms_per_image_low"):
+        assert col in frame.columns
+    for plot in ("speed_quality", "entropy_per_scale", "token_agreement"):
+        assert (study_dir / "plots" / f"{plot}.png").is_file()
+    assert (study_dir / "grids" / "overview.png").is_file()
+    interleaved = json.loads((study_dir / "timing_interleaved.json").read_text())
+    assert interleaved["rounds"] == 5 and interleaved["batch_size"] == 1 and set(interleaved["arms"]) == {"baseline", "restorer=identity"}
+    assert "speedup_interleaved" in frame.columns and "speedup interleaved" in table
+    assert (study_dir / "grids" / "restorer=identity.png").is_file()
+    assert not (study_dir / "wandb").exists()  # disabled: W&B writes nothing
+
+
+def test_resume_computes_only_missing_arms(study_dir):
+    before = {p.name: p.stat().st_mtime_ns for p in (study_dir / "arms").glob("*.json")}
+    result = run_study(StudyOptions(family="cache", out=str(study_dir), wandb="disabled",
+                                    arms=("restorer=identity", "restorer=static_cache"), **SMALL), log=lambda s: None)
+    assert result.reused == ["baseline", "restorer=identity"]
+    assert result.computed == ["restorer=static_cache"]
+    for name, mtime in before.items():
+        assert (study_dir / "arms" / name).stat().st_mtime_ns == mtime  # finished arms untouched
+
+
+def test_wandb_offline_run_files(study_dir, tmp_path):
+    result = run_study(StudyOptions(family="cache", out=str(study_dir), wandb="offline",
+                                    arms=("restorer=identity",), **SMALL), log=lambda s: None)
+    assert result.computed == []  # everything reused; only the report and the W&B mirror are written
+    run_dir = result.outputs["wandb"]
+    assert run_dir and os.path.isdir(run_dir)
+    assert list((study_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert not (tmp_path / "home-should-stay-empty").exists()
+
+
+def test_interrupted_run_keeps_finished_arms(tmp_path, monkeypatch):
+    import ablations.runner as runner
+
+    real = runner.run_generation
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of the second arm
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_generation", flaky)
+    options = StudyOptions(family="cache", out=str(tmp_path / "run"), wandb="disabled",
+                           arms=("restorer=identity",), **SMALL)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(options, log=lambda s: None)
+    arms_dir = tmp_path / "run" / "arms"
+    assert rec.read_record(arms_dir / "baseline.json") is not None
+    assert not (arms_dir / "restorer=identity.json").exists()
+    assert not list(arms_dir.glob("*.tmp")) and not list(arms_dir.glob(".*.tmp"))
+    monkeypatch.setattr(runner, "run_generation", real)
+    result = run_study(options, log=lambda s: None)
+    assert result.reused == ["baseline"] and result.computed == ["restorer=identity"]
+
+
+# ----- ls / validate -------------------------------------------------------------------------------------------
+def test_ls_lists_families_components_and_presets(capsys):
+    assert ablate.main(["ls"]) == 0
+    out = capsys.readouterr().out
+    for word in ("scorer", "linkage", "options", "entropy", "residual_reuse", "nova", "fastvar", "Presets"):
+        assert word in out
+
+
+def test_validate_passes(capsys):
+    code = ablate.main(["validate", "--family", "cache", "--family", "guidance", "--max-scales", "5",
+                        "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "0 failed" in out and "ok   evaluator" in out
+
+
+@pytest.mark.slow
+def test_validate_every_family(capsys):
+    code = ablate.main(["validate", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+
+
+def test_ctrl_c_inside_trainer_predict_keeps_finished_arms(tmp_path, monkeypatch):
+    """A KeyboardInterrupt in the middle of an arm's batches: Lightning shuts down (SystemExit); the arms
+    finished before stay valid and a re-run computes only the rest."""
+    import signal
+
+    import ablations.probes as probes
+
+    real = probes.ProfilerProbe.after_batch
+    calls = {"n": 0}
+
+    def interrupting(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # second arm, first batch (the baseline has two batches)
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(probes.ProfilerProbe, "after_batch", interrupting)
+    options = StudyOptions(family="cache", out=str(tmp_path / "run"), wandb="disabled", timing_rounds=0,
+                           arms=("restorer=identity",), **SMALL)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises((SystemExit, KeyboardInterrupt)):
+            run_study(options, log=lambda s: None)
+    finally:
+        signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT while it shuts down
+    arms_dir = tmp_path / "run" / "arms"
+    assert rec.read_record(arms_dir / "baseline.json") is not None
+    assert not (arms_dir / "restorer=identity.json").exists()
+    monkeypatch.setattr(probes.ProfilerProbe, "after_batch", real)
+    result = run_study(options, log=lambda s: None)
+    assert result.reused == ["baseline"] and result.computed == ["restorer=identity"]
+
+
+def test_changed_metric_context_recomputes_metrics_not_samples(tmp_path):
+    """E.g. the testbed classifier appears after a run: the arms are not regenerated, their metrics are."""
+    options = dict(family="cache", out=str(tmp_path / "run"), wandb="disabled", timing_rounds=0, plots=False,
+                   arms=("restorer=identity",), **SMALL)
+    first = run_study(StudyOptions(**options), log=lambda s: None)
+    assert first.computed == ["baseline", "restorer=identity"]
+    before = rec.read_record(tmp_path / "run" / "arms" / "restorer=identity.json")
+    again = run_study(StudyOptions(classifier=str(tmp_path / "no-such-classifier.safetensors"), **options),
+                      log=lambda s: None)
+    assert again.computed == [] and again.reused == ["baseline", "restorer=identity"]
+    after = rec.read_record(tmp_path / "run" / "arms" / "restorer=identity.json")
+    assert after["metrics_refreshed"] and after["timing"] == before["timing"]
+    assert after["metrics"]["signature"] != before["metrics"]["signature"]
+    assert after["metrics"]["per_sample"]["psnr"] == before["metrics"]["per_sample"]["psnr"]
+    assert "no-such-classifier" in after["metrics"]["unavailable"]["class_correct"]

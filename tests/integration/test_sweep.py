@@ -1,0 +1,99 @@
+"""A tiny Optuna sweep end to end (in process): it completes, its reported Pareto front is the non-dominated set
+of the feasible trials, the best trade-off is feasible and cheapest, re-running resumes without new trials, and
+W&B logs one offline run per trial."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sweeps.evaluate import EvalSettings
+from sweeps.optuna_study import SweepSpec, pareto_mask, run_sweep
+
+
+@pytest.fixture(autouse=True)
+def _wandb_out_of_home(tmp_path, monkeypatch):
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-env" / var.lower()))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_X_DISABLE_STATS", "true")
+
+
+def test_tiny_sweep_front_is_non_dominated_and_resume_adds_nothing(tmp_path, fixture_dir):
+    out = tmp_path / "sweep"
+    spec = SweepSpec(method="ldpruning", params=("rho", "delta"), trials=4, sampler="nsga2", seed=3,
+                     constraint="psnr>=14", quality="psnr", cost="flops", wandb="offline",
+                     eval=EvalSettings(model="official-tiny", samples=4, batch_size=4, warmup=0, paired_timing=False), out=str(out))
+    logs: list[str] = []
+    result = run_sweep(spec, log=logs.append)
+    assert result["counts"].get("COMPLETE") == 4
+    for name in ("results.json", "trials.csv", "pareto.png", "sweep_spec.json", "study.journal",
+                 "arms/baseline.json", "arms/baseline.pt"):
+        assert (out / name).is_file(), name
+    assert "pareto_optuna" in result["plots"]
+    frame = pd.read_csv(out / "trials.csv")
+    done = frame[frame["state"] == "COMPLETE"]
+    assert len(done) == 4 and done["param:schedule.rho"].between(0.2, 0.9).all()
+    assert done["param:guidance.delta"].between(0.02, 0.5).all()
+    assert (done["constraint"].notna()).all()  # trial.set_constraint on every trial
+    assert (done["feasible"] == (done["psnr"] >= 14)).all()
+    # the first trial is the preset's own values
+    first = done.sort_values("number").iloc[0]
+    assert first["param:schedule.rho"] == 0.5 and first["param:guidance.delta"] == 0.15
+    # reported front == the non-dominated feasible trials
+    feasible = done[done["feasible"] == True]  # noqa: E712
+    front = {row["number"] for row in result["pareto_front"]}
+    if not feasible.empty:
+        mask = pareto_mask(feasible[["flops_ratio", "psnr"]].to_numpy(), ["minimize", "maximize"])
+        assert front == set(feasible[mask]["number"])
+        values = feasible[["flops_ratio", "psnr"]].to_numpy()
+        for n in front:  # nothing feasible dominates a front trial
+            v = feasible[feasible["number"] == n][["flops_ratio", "psnr"]].to_numpy()[0]
+            assert not np.any((values[:, 0] <= v[0]) & (values[:, 1] >= v[1]) &
+                              ((values[:, 0] < v[0]) | (values[:, 1] > v[1])))
+        best = result["best_tradeoff"]
+        assert best is not None and best["feasible"] and best["flops_ratio"] == feasible["flops_ratio"].min()
+    else:
+        assert front == set() and result["best_tradeoff"] is None
+    # one record per trial, metrics with CIs; the baseline cached in the study's user attrs too
+    record = json.loads((out / "arms" / "trial-0000.json").read_text())
+    assert record["schema"] == "varscope.arm/1" and record["status"] == "complete"
+    assert {"psnr", "flops_ratio", "speedup"} <= set(record["summary"])
+    assert record["summary"]["psnr"]["n"] == 4
+    data = json.loads((out / "results.json").read_text())
+    assert data["constraint"]["threshold"] == 14.0 and data["dashboard"].startswith("optuna-dashboard ")
+    # W&B: one offline run per trial, under the output folder
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 4, runs
+    # re-running the same spec resumes: nothing new, baseline reused
+    logs.clear()
+    again = run_sweep(spec, log=logs.append)
+    assert again["counts"].get("COMPLETE") == 4 and len(again["counts"]) == 1
+    assert any("baseline: reusing" in line for line in logs)
+    assert sorted(r["number"] for r in again["pareto_front"]) == sorted(front)
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, fixture_dir):
+    from sweeps.optuna_study import SweepError
+
+    out = tmp_path / "sweep"
+    base = dict(method="ldpruning", params=("rho",), trials=1, wandb="disabled", constraint=None,
+                eval=EvalSettings(model="official-tiny", samples=4, batch_size=4, warmup=0, paired_timing=False), out=str(out))
+    run_sweep(SweepSpec(**base), log=lambda m: None)
+    with pytest.raises(SweepError, match="different params"):
+        run_sweep(SweepSpec(**dict(base, params=("rho=0.3:0.6",), study_name="ldpruning-flops-psnr")),
+                  log=lambda m: None)
+
+
+def test_unmeasurable_metric_fails_before_any_trial(tmp_path, fixture_dir):
+    from sweeps.optuna_study import SweepError
+
+    spec = SweepSpec(method="ldpruning", params=("rho",), trials=2, quality="class_acc", wandb="disabled",
+                     eval=EvalSettings(model="official-tiny", samples=4, batch_size=4, warmup=0, paired_timing=False),
+                     out=str(tmp_path / "s"))
+    with pytest.raises(SweepError, match="class_acc cannot be measured here"):
+        run_sweep(spec, log=lambda m: None)
+    assert not (tmp_path / "s" / "study.journal").exists()

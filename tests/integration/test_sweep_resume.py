@@ -1,0 +1,105 @@
+"""Kill a sweep worker with SIGKILL after >= 1 completed trial, re-run the same command: every completed trial is
+kept, the trial in flight is marked FAIL (its worker is gone) and re-queued, and the study reaches its target."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--model", "official-tiny", "--samples", "4", "--batch-size", "4", "--warmup", "0", "--no-paired-timing"]
+
+
+def cli_env(tmp_path: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + os.environ["PYTHONPATH"]
+                                                   if os.environ.get("PYTHONPATH") else ""),
+               WANDB_MODE="disabled", WANDB_SILENT="true", WANDB_X_DISABLE_STATS="true", PYTHONUNBUFFERED="1")
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        env[var] = str(tmp_path / "wandb-env" / var.lower())
+    return env
+
+
+def sweep_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "studies.sweep", *args]
+
+
+def run_cli(cmd: list[str], tmp_path: Path, timeout: float = 500) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=REPO, env=cli_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+
+
+def load(storage, name: str):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.5, proc: subprocess.Popen | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return predicate()
+        time.sleep(interval)
+    return False
+
+
+
+def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fixture_dir):
+    from sweeps.optuna_study import make_storage
+
+    out = tmp_path / "sweep"
+    cmd = sweep_cmd("ldpruning", "--param", "rho", "--param", "delta", "--trials", "4", "--out", str(out),
+                    "--wandb", "disabled", "--constraint", "none", *TINY)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    journal = out / "study.journal"
+
+    def killable() -> bool:
+        """>= 1 trial complete and the next one in flight."""
+        if not journal.is_file():
+            return False
+        try:
+            study = load(make_storage(None, out), "ldpruning-flops-psnr")
+        except Exception:  # noqa: BLE001 - not created yet
+            return False
+        return (len(study.get_trials(states=(TrialState.COMPLETE,))) >= 1
+                and len(study.get_trials(states=(TrialState.RUNNING,))) >= 1)
+
+    try:
+        assert wait_for(killable, timeout=400, proc=proc), proc.communicate()[0][-3000:]
+        assert proc.poll() is None, "the sweep finished before it could be killed (too fast?)"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    study = load(make_storage(None, out), "ldpruning-flops-psnr")
+    before = {t.number: (tuple(t.values), t.params) for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    in_flight = [t.number for t in study.get_trials(states=(TrialState.RUNNING,))]
+    assert 1 <= len(before) < 4 and len(in_flight) == 1
+    done = run_cli(cmd, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    study = load(make_storage(None, out), "ldpruning-flops-psnr")
+    trials = {t.number: t for t in study.get_trials()}
+    for number, (values, params) in before.items():  # every completed trial kept, unchanged
+        assert trials[number].state == TrialState.COMPLETE
+        assert tuple(trials[number].values) == values and trials[number].params == params
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) >= 4
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    for number in in_flight:  # the trial the killed worker was running
+        assert trials[number].state == TrialState.FAIL
+        assert "is gone" in trials[number].user_attrs["fail_reason"]
+        retries = [t for t in trials.values() if t.user_attrs.get("retry_of") == number]
+        assert len(retries) == 1 and retries[0].params == trials[number].params
+    assert "marked FAIL" in done.stdout

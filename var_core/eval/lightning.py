@@ -1,0 +1,520 @@
+"""Lightning-wrapped generation over a condition set: per-sample seeds, any accelerator / devices / strategy.
+
+``run_generation(adapter, conditions, ...)`` is the one entry point the ablation runner (and sweeps) call. It runs
+``Trainer.predict`` with a :class:`GenerationModule` (one policy, one sampling config) over a
+:class:`GenerationDataModule` (class labels with per-sample seeds) and returns a :class:`GenerationRun` sorted by
+sample index.
+
+Reproducibility contract
+------------------------
+* Sample ``i``'s seed is :func:`sample_seed` ``(base_seed, i)``, a hash, so it depends on neither the batch size
+  nor the number of devices, and each sample draws from its own generator (the engine's per-sample generators).
+* Batches are cut from the index order first and then dealt round-robin to the processes (whole batches), so a
+  sample sits in the same batch with the same neighbours whatever the number of processes: DDP on N processes
+  returns exactly the records one process does. Every process writes its per-sample results to a shard; the
+  calling process merges the shards and sorts by sample index (duplicates, if any, are dropped).
+* With ``devices > 1`` and ``strategy="auto"`` the ``ddp_spawn`` strategy is used: the caller's process stays the
+  only one that continues after ``predict`` (the ``ddp`` subprocess launcher would re-run the whole calling script
+  in every process).
+
+What is timed
+-------------
+Only the ``generate()`` call of each batch (the transformer, the policy's hooks, sampling, the VQ decode and the
+spans of any attached tracer), between two clock reads with a device synchronisation before each on CUDA. Outside:
+data loading, moving labels to the device, the ``warmup`` generations each process runs first (discarded), copying
+results to the host, the per-scale entropy statistics, and any probe's ``after_batch`` work.
+
+Profilers attach from above through *probes* (``var_core`` never imports ``profilers``): any object with
+``tracer() -> Tracer | None`` (called per batch; the tracer is handed to ``generate``) and
+``after_batch(result, adapter=..., policy=..., batch_size=..., seconds=...) -> dict | None`` (JSON-able per-batch
+measurements, stored in ``GenerationRun.batches[i]["probes"][probe.name]``). Extra Lightning callbacks pass
+straight through to the Trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+
+from ..engine import GenerationOptions, Policy, SamplingConfig, generate
+from ..engine.tracing import NULL_TRACER, Tracer
+
+__all__ = [
+    "ConditionSet", "ConditionDataset", "GenerationDataModule", "GenerationModule", "GenerationRun",
+    "FanoutTracer", "TracerProbe", "run_generation", "sample_seed", "TIMED_REGION",
+]
+
+TIMED_REGION = ("generate() per batch: transformer + policy hooks + sampling + VQ decode + attached tracer spans; "
+                "synchronised on CUDA; excludes warm-up generations, data loading, host copies, metrics")
+
+_QUIET_WARNINGS = (
+    r".*does not have many workers.*",
+    r".*treespec, LeafSpec.*",
+    r".*GPU available but not used.*",
+    r".*predict_dataloader.*",
+    r".*Consider setting `persistent_workers=True`.*",
+)
+
+
+def _quiet_lightning() -> None:
+    for pattern in _QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero",
+                 "lightning.pytorch.accelerators.cuda"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+# ----- conditions ------------------------------------------------------------------------------------------
+def sample_seed(base_seed: int, index: int) -> int:
+    """The seed of sample ``index`` in a run seeded ``base_seed`` (63-bit, a hash of both numbers)."""
+    digest = hashlib.blake2b(f"varscope-sample/{int(base_seed)}/{int(index)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class ConditionSet:
+    """Class labels with per-sample seeds derived from ``base_seed`` and the sample index."""
+
+    labels: tuple[int, ...]
+    base_seed: int = 0
+
+    @staticmethod
+    def balanced(num_samples: int, num_classes: int, base_seed: int = 0) -> "ConditionSet":
+        """Labels ``i mod num_classes`` (balanced; any prefix is as balanced as possible)."""
+        if num_samples < 1:
+            raise ValueError(f"need at least one sample, got {num_samples}")
+        if num_classes < 1:
+            raise ValueError(f"need at least one class, got {num_classes}")
+        return ConditionSet(tuple(i % num_classes for i in range(num_samples)), int(base_seed))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def seeds(self) -> list[int]:
+        return [sample_seed(self.base_seed, i) for i in range(len(self.labels))]
+
+    def content_hash(self) -> str:
+        """Identifies the sample set (labels and seeds) in result records."""
+        payload = json.dumps({"labels": list(self.labels), "base_seed": self.base_seed, "seed_fn": "blake2b/v1"})
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return {"n": len(self.labels), "base_seed": self.base_seed, "labels": list(self.labels),
+                "seeds": self.seeds, "seed_rule": "blake2b('varscope-sample/{base_seed}/{index}') & (2^63-1)",
+                "hash": self.content_hash()}
+
+
+class ConditionDataset(Dataset):
+    """Items ``{"index", "label", "seed"}`` of a :class:`ConditionSet`."""
+
+    def __init__(self, conditions: ConditionSet):
+        self.conditions = conditions
+        self._seeds = conditions.seeds
+
+    def __len__(self) -> int:
+        return len(self.conditions)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"index": index, "label": self.conditions.labels[index], "seed": self._seeds[index]}
+
+
+def shard_indices(num_samples: int, batch_size: int, rank: int, world_size: int) -> list[int]:
+    """Sample indices of one process: whole batches of the index order, dealt round-robin."""
+    batches = [list(range(s, min(s + batch_size, num_samples))) for s in range(0, num_samples, batch_size)]
+    return [i for b, batch in enumerate(batches) if b % world_size == rank for i in batch]
+
+
+class GenerationDataModule(pl.LightningDataModule):
+    """Serves a :class:`ConditionSet` for ``Trainer.predict``; shards whole batches itself (set the Trainer's
+    ``use_distributed_sampler=False``, as :func:`run_generation` does)."""
+
+    def __init__(self, conditions: ConditionSet, batch_size: int):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        self.conditions = conditions
+        self.batch_size = int(batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        rank, world = 0, 1
+        if self.trainer is not None:
+            rank, world = self.trainer.global_rank, self.trainer.world_size
+        dataset = ConditionDataset(self.conditions)
+        subset = Subset(dataset, shard_indices(len(dataset), self.batch_size, rank, world))
+        return DataLoader(subset, batch_size=self.batch_size, shuffle=False, num_workers=0)
+
+
+# ----- tracing -------------------------------------------------------------------------------------------------
+class FanoutTracer(Tracer):
+    """Hands every span and scale event to several tracers (the engine takes one)."""
+
+    enabled = True
+
+    def __init__(self, tracers: Sequence[Tracer]):
+        self.tracers = list(tracers)
+
+    def span(self, component, scale=None, block=None):
+        stack = contextlib.ExitStack()
+        for tracer in self.tracers:
+            stack.enter_context(tracer.span(component, scale, block))
+        return stack
+
+    def scale_begin(self, scale: int) -> None:
+        for tracer in self.tracers:
+            tracer.scale_begin(scale)
+
+    def scale_end(self, scale: int) -> None:
+        for tracer in reversed(self.tracers):
+            tracer.scale_end(scale)
+
+
+class TracerProbe:
+    """A probe that only hands a fresh tracer (from ``factory()``) to every timed batch."""
+
+    name = "tracer"
+
+    def __init__(self, factory: Callable[[], Tracer]):
+        self.factory = factory
+
+    def tracer(self) -> Tracer:
+        return self.factory()
+
+
+def _combine(tracers: Sequence[Tracer | None]) -> Tracer:
+    tracers = [t for t in tracers if t is not None]
+    if not tracers:
+        return NULL_TRACER
+    return tracers[0] if len(tracers) == 1 else FanoutTracer(tracers)
+
+
+# ----- the module --------------------------------------------------------------------------------------------
+def _scale_entropy_B(record, family: str) -> torch.Tensor | None:
+    if record.skipped or record.guided_logits_BNV is None:
+        return None
+    from ..accel.entropy import predictive_entropy
+
+    return predictive_entropy(record.guided_logits_BNV, family).mean(-1)
+
+
+class GenerationModule(pl.LightningModule):
+    """Generates one batch of conditions per ``predict_step`` with one policy and one sampling config.
+
+    Args:
+        adapter: an engine adapter (``var_core.models.zoo.load_model``); its ``nn.Module`` attributes become
+            sub-modules, so Lightning moves them to each process's device.
+        policy_config: a ``var_core.accel.PolicyConfig`` built into a fresh policy in every process; ``None``
+            with no ``policy_factory`` runs the plain loop.
+        policy_factory: instead, a picklable callable returning a ``var_core.engine.Policy``.
+        warmup: discarded generations (of a full batch) each process runs before the first timed batch.
+        probes: see the module docstring.
+    """
+
+    def __init__(self, adapter, *, policy_config=None, policy_factory: Callable[[], Policy] | None = None,
+                 sampling: SamplingConfig = SamplingConfig(), options: GenerationOptions | None = None,
+                 warmup: int = 1, warmup_batch_size: int = 1, probes: Sequence[Any] = (),
+                 keep_tokens: bool = True, threads: int | None = None):
+        super().__init__()
+        self.adapter = adapter
+        self.models = torch.nn.ModuleDict({k: v for k, v in vars(adapter).items() if isinstance(v, torch.nn.Module)})
+        self.policy_config = policy_config
+        self.policy_factory = policy_factory
+        self.sampling = sampling
+        self.options = options
+        self.warmup = int(warmup)
+        self.warmup_batch_size = int(warmup_batch_size)
+        self.probes = list(probes)
+        self.keep_tokens = keep_tokens
+        self.threads = threads
+        self.policy: Policy | None = None
+
+    def setup(self, stage: str) -> None:
+        _quiet_lightning()
+
+    def _build_policy(self) -> Policy:
+        if self.policy_factory is not None:
+            return self.policy_factory()
+        if self.policy_config is None:
+            return Policy()
+        from ..accel.policy import build_policy
+
+        return build_policy(self.policy_config)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            torch.cuda.synchronize(self.device)
+
+    def _options(self) -> GenerationOptions:
+        if self.options is not None:
+            return self.options
+        # the finiteness check is one reduction per scale; it forces a sync on CUDA, so only CPU keeps it
+        return GenerationOptions(check_finite=self.device.type == "cpu")
+
+    def on_predict_start(self) -> None:
+        if self.threads is not None:
+            torch.set_num_threads(int(self.threads))
+        self.policy = self._build_policy()
+        num_classes = getattr(getattr(self.adapter, "cfg", None), "num_classes", 1) or 1
+        for w in range(self.warmup):
+            labels = torch.arange(self.warmup_batch_size, device=self.device) % num_classes
+            seeds = [(1 << 62) + w * 1000 + i for i in range(self.warmup_batch_size)]
+            generate(self.adapter, labels, seeds=seeds, sampling=self.sampling, policy=self.policy,
+                     options=GenerationOptions(check_finite=True))
+        self._sync()
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        indices = [int(i) for i in batch["index"]]
+        labels = batch["label"].to(self.device)
+        seeds = [int(s) for s in batch["seed"]]
+        B = len(indices)
+        tracer = _combine([probe.tracer() for probe in self.probes if hasattr(probe, "tracer")])
+        self._sync()
+        t0 = time.perf_counter_ns()
+        result = generate(self.adapter, labels, seeds=seeds, sampling=self.sampling, policy=self.policy,
+                          tracer=tracer, options=self._options())
+        self._sync()
+        seconds = (time.perf_counter_ns() - t0) / 1e9
+        probe_data = {}
+        for probe in self.probes:
+            if hasattr(probe, "after_batch"):
+                data = probe.after_batch(result, adapter=self.adapter, policy=self.policy, batch_size=B,
+                                         seconds=seconds)
+                if data is not None:
+                    probe_data[getattr(probe, "name", type(probe).__name__)] = data
+        family = getattr(self.adapter, "family", "var")
+        entropy = torch.full((B, len(result.records)), float("nan"))
+        tokens: list[list[torch.Tensor | None]] = [[] for _ in range(B)]
+        for s, record in enumerate(result.records):
+            ent = _scale_entropy_B(record, family)
+            if ent is not None:
+                entropy[:, s] = ent.float().cpu()
+            for b in range(B):
+                tokens[b].append(None if (record.tokens_BN is None or not self.keep_tokens)
+                                 else record.tokens_BN[b].detach().cpu().clone())
+        activation = None
+        scales_fn = getattr(self.policy, "activation_scales", None)
+        if callable(scales_fn):
+            act = scales_fn()
+            if act is not None:
+                activation = [int(v) for v in act.cpu()]
+        images = None
+        if result.images is not None:
+            images = result.images.detach().float().clamp(0, 1).mul(255).round().to(torch.uint8).cpu()
+        history = [dict(h) for h in getattr(self.policy, "history", [])]
+        return {
+            "indices": indices, "labels": [int(v) for v in batch["label"]], "seeds": seeds,
+            "images_u8": images, "tokens": tokens, "entropy": entropy, "activation_scale": activation,
+            "batch": {
+                "rank": int(self.global_rank), "batch_idx": int(batch_idx), "indices": indices, "size": B,
+                "seconds": seconds, "stopped_at": result.stopped_at,
+                "kept_tokens": [list(map(list, r.kept_tokens)) for r in result.records],
+                "guidance": [r.guidance.value for r in result.records],
+                "skipped": [bool(r.skipped) for r in result.records],
+                "history": _jsonable(history), "probes": probe_data,
+            },
+        }
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+class _ShardCollector(Callback):
+    """Keeps this process's per-batch outputs and writes them to ``<folder>/rank<r>.pt`` at the end."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.outputs: list[dict] = []
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self.outputs = []
+        self.environment = {
+            "rank": int(trainer.global_rank), "world_size": int(trainer.world_size),
+            "device": str(pl_module.device), "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+        }
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.outputs.append(outputs)
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        path = Path(self.folder) / f"rank{trainer.global_rank}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save({"environment": self.environment, "outputs": self.outputs}, tmp)
+        os.replace(tmp, path)
+
+
+class _NamedProgressBar(TQDMProgressBar):
+    def __init__(self, description: str):
+        super().__init__(leave=True)
+        self.description = description
+
+    def init_predict_tqdm(self):
+        bar = super().init_predict_tqdm()
+        bar.set_description(self.description)
+        return bar
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        super().on_predict_batch_start(trainer, pl_module, batch, batch_idx, dataloader_idx)
+        self.predict_progress_bar.set_description(self.description)
+
+
+# ----- the run ---------------------------------------------------------------------------------------------
+@dataclass
+class GenerationRun:
+    """All samples of one policy, sorted by sample index."""
+
+    indices: list[int]
+    labels: torch.Tensor  # [n] int64
+    seeds: list[int]
+    images_u8: torch.Tensor | None  # [n, 3, H, W] uint8
+    tokens: list[list[torch.Tensor | None]]  # [n][num_scales]
+    entropy: np.ndarray  # [n, num_scales] mean predictive entropy per scale (NaN: skipped / not generated)
+    activation_scale: list[int | None]  # first accelerated scale per sample (num_scales = never), if known
+    batches: list[dict]  # per batch: rank, indices, size, seconds, kept tokens, history, probe data
+    processes: list[dict]  # per process: rank, device, threads
+    wall_seconds: float = 0.0  # the whole Trainer.predict call (incl. start-up and warm-up)
+
+    @property
+    def images(self) -> torch.Tensor | None:
+        return None if self.images_u8 is None else self.images_u8.float() / 255.0
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def save(self, path: str | Path) -> Path:
+        """Tensors needed to compare later arms against this one (atomic write)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"indices": self.indices, "labels": self.labels, "seeds": self.seeds,
+                    "images_u8": self.images_u8, "tokens": self.tokens, "entropy": torch.from_numpy(self.entropy),
+                    "activation_scale": self.activation_scale}, tmp)
+        os.replace(tmp, path)
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> "GenerationRun":
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+        return GenerationRun(blob["indices"], blob["labels"], blob["seeds"], blob["images_u8"], blob["tokens"],
+                             blob["entropy"].numpy(), blob["activation_scale"], [], [])
+
+
+def _merge(shards: list[dict]) -> GenerationRun:
+    outputs = [o for shard in shards for o in shard["outputs"]]
+    samples: dict[int, tuple] = {}
+    batches = []
+    for out in outputs:
+        batches.append(out["batch"])
+        for j, idx in enumerate(out["indices"]):
+            if idx in samples:
+                continue  # a padded duplicate
+            act = out["activation_scale"][j] if out["activation_scale"] is not None else None
+            img = out["images_u8"][j] if out["images_u8"] is not None else None
+            samples[idx] = (out["labels"][j], out["seeds"][j], img, out["tokens"][j], out["entropy"][j], act)
+    order = sorted(samples)
+    num_scales = max((samples[i][4].shape[0] for i in order), default=0)
+    entropy = np.full((len(order), num_scales), np.nan)
+    for row, i in enumerate(order):
+        e = samples[i][4].numpy()
+        entropy[row, :e.shape[0]] = e
+    images = None
+    if order and samples[order[0]][2] is not None:
+        images = torch.stack([samples[i][2] for i in order])
+    batches.sort(key=lambda b: (b["indices"][0] if b["indices"] else -1))
+    return GenerationRun(
+        indices=order, labels=torch.tensor([samples[i][0] for i in order], dtype=torch.long),
+        seeds=[samples[i][1] for i in order], images_u8=images, tokens=[samples[i][3] for i in order],
+        entropy=entropy, activation_scale=[samples[i][5] for i in order], batches=batches,
+        processes=sorted((shard["environment"] for shard in shards), key=lambda e: e["rank"]),
+    )
+
+
+def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, policy_factory=None,
+                   sampling: SamplingConfig = SamplingConfig(), batch_size: int = 16, warmup: int = 1,
+                   accelerator: str = "cpu", devices: int | str = 1, strategy: str = "auto",
+                   probes: Sequence[Any] = (), callbacks: Sequence[Callback] = (), progress: bool | str = True,
+                   options: GenerationOptions | None = None, keep_tokens: bool = True,
+                   threads: int | None = None, tracer_factory: Callable[[], Tracer] | None = None
+                   ) -> GenerationRun:
+    """Generate every condition with one policy through ``Trainer.predict`` and return the merged samples.
+
+    ``progress``: ``False`` for no bar, ``True`` for Lightning's bar, or a string used as the bar's label.
+    ``tracer_factory``: shorthand for a probe that only supplies a fresh tracer per batch.
+    ``threads``: intra-op threads set in every process (``None``: leave them; Lightning gives each DDP process on
+    the CPU ``cores / processes``). CPU kernels round differently with different thread counts (images differ in
+    the 1e-5 range), so records are bit-identical across process counts only at equal thread counts.
+    """
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    _quiet_lightning()
+    n_dev = devices if isinstance(devices, int) else None
+    if strategy == "auto" and n_dev is not None and n_dev > 1:
+        strategy = "ddp_spawn"
+    module = GenerationModule(adapter, policy_config=policy_config, policy_factory=policy_factory,
+                              sampling=sampling, options=options, warmup=warmup,
+                              warmup_batch_size=min(batch_size, len(conditions)), probes=probes,
+                              keep_tokens=keep_tokens, threads=threads)
+    previous_threads = torch.get_num_threads()
+    if tracer_factory is not None:
+        module.probes.append(TracerProbe(tracer_factory))
+    data = GenerationDataModule(conditions, batch_size)
+    folder = tempfile.mkdtemp(prefix="varscope-predict-")
+    collector = _ShardCollector(folder)
+    all_callbacks: list[Callback] = [collector, *callbacks]
+    if progress:
+        all_callbacks.append(_NamedProgressBar(progress if isinstance(progress, str) else "generating"))
+    try:
+        trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=1,
+                             logger=False, enable_checkpointing=False, enable_model_summary=False,
+                             enable_progress_bar=bool(progress), use_distributed_sampler=False,
+                             inference_mode=True, callbacks=all_callbacks)
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            _quiet_lightning()
+            trainer.predict(module, datamodule=data, return_predictions=False)
+        wall = time.perf_counter() - start
+        shards = [torch.load(p, map_location="cpu", weights_only=False)
+                  for p in sorted(Path(folder).glob("rank*.pt"))]
+        world = trainer.world_size
+        if len(shards) != world:
+            raise RuntimeError(f"expected {world} result shards from the processes, found {len(shards)} in {folder}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        torch.set_num_threads(previous_threads)
+    run = _merge(shards)
+    missing = set(range(len(conditions))) - set(run.indices)
+    if missing:
+        raise RuntimeError(f"{len(missing)} samples were not generated (e.g. {sorted(missing)[:5]})")
+    run.wall_seconds = wall
+    return run

@@ -1,0 +1,456 @@
+"""Quality metrics of an accelerated arm against the baseline generated from the same seeds.
+
+Per sample (paired with the baseline sample of the same index, label and seed):
+
+* ``psnr`` (dB, capped at :data:`PSNR_CAP` for identical images; ``identical`` says which were), ``ssim``, ``ms_ssim`` (where the image size
+  allows: the 5-scale default from 161 px, the 3-scale ``kernel_size=7`` variant from 25 px; ``n/a`` below);
+* ``token_agreement`` per scale: the fraction of the scale's tokens equal to the baseline's (Infinity: all bits of
+  a token equal); ``NaN`` for a scale either run skipped;
+* ``class_correct``: the testbed classifier's top-1 prediction equals the conditioning label — only for a
+  class-conditional model whose classes and image size match the classifier's (the testbed); otherwise ``n/a``
+  with the reason.
+
+Per set (with a bootstrap interval over samples, see :func:`fid_bootstrap`):
+
+* ``fid_proxy`` / ``kid_proxy``: FID / KID between the arm's and the baseline's images in the testbed
+  classifier's 128-d feature space (torchmetrics ``feature=ClassifierFeatureExtractor``); ``fid_real``: the same
+  against the testbed's held-out images (testbed only); ``is_proxy``: Inception Score with the classifier's logits.
+  These are proxies: the feature network is the project's small classifier, not Inception-v3, and with tens of
+  samples FID is biased upward — compare arms at the same ``n`` only.
+* Standard Inception FID and CLIP score only with local weights (:func:`inception_fid`, :func:`clip_score`):
+  a clear :class:`MetricUnavailable` otherwise, never a download.
+
+Every image is quantised to 8 bits before any metric (what a saved PNG holds), so a resumed run that reloads the
+baseline's stored images computes exactly the numbers a fresh run does.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "PSNR_CAP", "MetricUnavailable", "MetricContext", "quantize01", "fidelity_per_sample", "ms_ssim_settings",
+    "token_agreement", "classifier_compatibility", "class_correct", "classify", "ArmMetrics", "fid_kid", "inception_score_proxy",
+    "frechet_distance", "CachedExtractor",
+    "fid_bootstrap", "inception_fid", "clip_score", "compute_arm_metrics",
+]
+
+PSNR_CAP = 100.0  # dB given to identical images (8-bit images never exceed ~90 dB otherwise)
+
+
+class MetricUnavailable(RuntimeError):
+    """A metric that cannot be computed here; the message says why and what would enable it."""
+
+
+def quantize01(images: torch.Tensor) -> torch.Tensor:
+    """float ``[0, 1]`` images rounded to the 8-bit grid (uint8 input is converted)."""
+    if images.dtype == torch.uint8:
+        return images.float() / 255.0
+    return images.detach().float().clamp(0, 1).mul(255).round().div(255)
+
+
+# ----- fidelity to the baseline ----------------------------------------------------------------------------
+def ms_ssim_settings(height: int, width: int) -> tuple[dict | None, str]:
+    """torchmetrics MS-SSIM keyword arguments for an image size, or ``None`` with the reason."""
+    side = min(height, width)
+    if side > 160:
+        return {}, "5 scales, kernel 11"
+    if side > 24:
+        return dict(kernel_size=7, betas=(0.0448, 0.2856, 0.3001)), "3 scales, kernel 7 (images below 161 px)"
+    return None, f"images of {height}x{width} px are too small for MS-SSIM (needs > 24 px)"
+
+
+def fidelity_per_sample(arm_B3HW: torch.Tensor, base_B3HW: torch.Tensor) -> tuple[dict[str, np.ndarray], dict]:
+    """Per-sample PSNR / SSIM / MS-SSIM of ``arm`` vs ``base`` (both ``[B, 3, H, W]`` in ``[0, 1]``).
+
+    Returns ``(values, unavailable)``: ``values[name]`` is a float array ``[B]``; ``unavailable[name]`` a reason.
+    """
+    from torchmetrics.functional.image import (multiscale_structural_similarity_index_measure,
+                                               structural_similarity_index_measure)
+
+    if arm_B3HW.shape != base_B3HW.shape:
+        raise ValueError(f"image shapes differ: {tuple(arm_B3HW.shape)} vs {tuple(base_B3HW.shape)}")
+    a, b = quantize01(arm_B3HW), quantize01(base_B3HW)
+    H, W = a.shape[-2:]
+    mse = (a - b).pow(2).flatten(1).mean(1)
+    psnr = torch.where(mse > 0, 10 * torch.log10(1.0 / mse.clamp_min(1e-20)), torch.full_like(mse, PSNR_CAP))
+    values = {"psnr": psnr.clamp(max=PSNR_CAP).double().numpy(), "identical": (mse == 0).double().numpy()}
+    unavailable = {}
+    kernel = 11 if min(H, W) >= 32 else 7
+    if min(H, W) >= kernel:
+        ssim = structural_similarity_index_measure(a, b, data_range=1.0, reduction="none", kernel_size=kernel)
+        values["ssim"] = ssim.double().numpy()
+    else:
+        unavailable["ssim"] = f"images of {H}x{W} px are smaller than the SSIM window"
+    kwargs, note = ms_ssim_settings(H, W)
+    if kwargs is None:
+        unavailable["ms_ssim"] = note
+    else:
+        ms = multiscale_structural_similarity_index_measure(a, b, data_range=1.0, reduction="none",
+                                                            normalize="relu", **kwargs)
+        values["ms_ssim"] = ms.double().numpy()
+    return values, unavailable
+
+
+def token_agreement(arm_tokens: Sequence[Sequence[torch.Tensor | None]],
+                    base_tokens: Sequence[Sequence[torch.Tensor | None]]) -> np.ndarray:
+    """``[num_samples, num_scales]`` fraction of each scale's tokens equal to the baseline's (NaN if skipped).
+
+    ``*_tokens[i][s]``: sample ``i``'s tokens at scale ``s``, ``[N]`` (VAR ids) or ``[N, d]`` (Infinity bits).
+    """
+    if len(arm_tokens) != len(base_tokens):
+        raise ValueError(f"{len(arm_tokens)} arm samples vs {len(base_tokens)} baseline samples")
+    num_scales = max((len(t) for t in base_tokens), default=0)
+    out = np.full((len(arm_tokens), num_scales), np.nan)
+    for i, (arm, base) in enumerate(zip(arm_tokens, base_tokens)):
+        for s in range(min(len(arm), len(base))):
+            x, y = arm[s], base[s]
+            if x is None or y is None:
+                continue
+            equal = x == y
+            if equal.dim() > 1:
+                equal = equal.flatten(1).all(1)
+            out[i, s] = float(equal.float().mean())
+    return out
+
+
+# ----- class fidelity --------------------------------------------------------------------------------------
+def classifier_compatibility(adapter: Any, classifier: Any | None, classifier_error: str | None = None
+                             ) -> str | None:
+    """``None`` when the testbed classifier can judge this model's images, else the reason it cannot."""
+    if classifier is None:
+        return classifier_error or "no testbed classifier loaded"
+    family = getattr(adapter, "family", "?")
+    if family != "var":
+        return f"the model family {family!r} is not class-conditional (the classifier reads testbed classes)"
+    num_classes = getattr(getattr(adapter, "cfg", None), "num_classes", None)
+    if num_classes != classifier.num_classes:
+        return f"the model has {num_classes} classes, the testbed classifier {classifier.num_classes}"
+    size = getattr(adapter, "image_size", None)
+    if size != classifier.image_size:
+        return (f"the model makes {size}-px images, the testbed classifier was trained on "
+                f"{classifier.image_size}-px testbed images (its classes would be meaningless here)")
+    name = str(getattr(adapter, "model_name", "")).removeprefix("random:")
+    if name and name != "testbed":
+        return (f"the model {getattr(adapter, 'model_name', name)!r} was not trained on the testbed classes "
+                f"(class accuracy is defined for the testbed only)")
+    return None
+
+
+@torch.no_grad()
+def classify(images_B3HW: torch.Tensor, labels_B: torch.Tensor, classifier, batch_size: int = 256
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample: ``correct`` (1.0 / 0.0: top-1 class equals the label) and ``prob`` (softmax probability the
+    classifier gives the label — a continuous class-fidelity score for paired tests)."""
+    x = quantize01(images_B3HW) * 2 - 1
+    size = classifier.image_size
+    if tuple(x.shape[-2:]) != (size, size):
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+    logits = torch.cat([classifier(x[i:i + batch_size].float()) for i in range(0, x.shape[0], batch_size)])
+    labels = labels_B.cpu().long()
+    correct = (logits.argmax(1).cpu() == labels).double().numpy()
+    prob = logits.float().softmax(1).cpu().gather(1, labels.view(-1, 1)).view(-1).double().numpy()
+    return correct, prob
+
+
+def class_correct(images_B3HW: torch.Tensor, labels_B: torch.Tensor, classifier) -> np.ndarray:
+    """Per-sample 1.0 / 0.0: the classifier's top-1 class equals the label."""
+    return classify(images_B3HW, labels_B, classifier)[0]
+
+
+# ----- set-level metrics (classifier feature space) --------------------------------------------------------
+def frechet_distance(feat_a: np.ndarray, feat_b: np.ndarray) -> float:
+    """Fréchet distance between Gaussians fitted to two feature sets ``[n, d]`` and ``[m, d]``.
+
+    ``tr sqrt(C_a C_b)`` is computed exactly as the nuclear norm of ``X_a X_bᵀ / sqrt((n-1)(m-1))`` (``X``: the
+    centred features), since the non-zero eigenvalues of ``C_a C_b`` are the squared singular values of that
+    matrix. With fewer samples than feature dimensions (the usual case here) this is an ``n × m`` SVD instead of
+    a ``d × d`` eigen-decomposition, which makes the bootstrap cheap; otherwise the ``d × d`` form is used.
+    """
+    n, m = len(feat_a), len(feat_b)
+    mu_a, mu_b = feat_a.mean(0), feat_b.mean(0)
+    xa, xb = feat_a - mu_a, feat_b - mu_b
+    tr_a = float((xa ** 2).sum() / (n - 1))
+    tr_b = float((xb ** 2).sum() / (m - 1))
+    d = feat_a.shape[1]
+    if min(n, m) <= d:
+        tr_covmean = float(np.linalg.svd(xa @ xb.T, compute_uv=False).sum() / math.sqrt((n - 1) * (m - 1)))
+    else:
+        cov_a, cov_b = xa.T @ xa / (n - 1), xb.T @ xb / (m - 1)
+        tr_covmean = float(np.sqrt(np.clip(np.linalg.eigvals(cov_a @ cov_b).real, 0, None)).sum())
+    return float(((mu_a - mu_b) ** 2).sum() + tr_a + tr_b - 2 * tr_covmean)
+
+
+class CachedExtractor(torch.nn.Module):
+    """Wraps a feature module and memoises its output per input content (a hash of the image bytes), so the
+    baseline's and the real images' features are computed once per run however many metrics and arms use them.
+    Exposes ``num_features`` for torchmetrics."""
+
+    def __init__(self, module: torch.nn.Module, max_entries: int = 16):
+        super().__init__()
+        self.module = module
+        self.num_features = getattr(module, "num_features", None)
+        self.max_entries = max_entries
+        self._cache: dict[bytes, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        import hashlib
+
+        data = images.detach().cpu().contiguous()
+        key = hashlib.blake2b(data.numpy().tobytes(), digest_size=16).digest() + str(
+            (tuple(data.shape), data.dtype)).encode()
+        if key not in self._cache:
+            if len(self._cache) >= self.max_entries:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = self.module(images)
+        return self._cache[key]
+
+
+def fid_bootstrap(feat_arm: np.ndarray, feat_ref: np.ndarray, *, paired: bool, n_resamples: int = 200,
+                  seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the Fréchet distance; resamples sample indices (jointly if ``paired``)."""
+    rng = np.random.default_rng(seed)
+    n, m = len(feat_arm), len(feat_ref)
+    values = []
+    for _ in range(n_resamples):
+        i = rng.integers(0, n, n)
+        j = i if paired and n == m else rng.integers(0, m, m)
+        values.append(frechet_distance(feat_arm[i], feat_ref[j]))
+    lo, hi = np.quantile(values, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+@torch.no_grad()
+def fid_kid(arm_images: torch.Tensor, ref_images: torch.Tensor, feature_extractor, *, paired: bool = True,
+            seed: int = 0, suffix: str = "_proxy", n_resamples: int = 200) -> dict[str, dict]:
+    """FID and KID of ``arm`` against ``ref`` via torchmetrics with ``feature=feature_extractor``.
+
+    FID's interval is a bootstrap over samples (jointly resampled when ``paired``) on the same features; KID's is
+    mean ± 1.96 sd over its random subsets. Returns ``{"fid<suffix>": Summary dict, "kid<suffix>": ...}``.
+    """
+    from torchmetrics.image.fid import FrechetInceptionDistance
+    from torchmetrics.image.kid import KernelInceptionDistance
+
+    a, r = quantize01(arm_images), quantize01(ref_images)
+    n = a.shape[0]
+    if n < 2 or r.shape[0] < 2:
+        return {}
+    out: dict[str, dict] = {}
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchmetrics' feature-buffer notices
+        torch.manual_seed(seed)
+        fid = FrechetInceptionDistance(feature=feature_extractor, normalize=True, reset_real_features=True)
+        fid.update(r, real=True)
+        fid.update(a, real=False)
+        fid_value = float(fid.compute())
+        feat_a = feature_extractor(a).double().numpy()
+        feat_r = feature_extractor(r).double().numpy()
+        lo, hi = fid_bootstrap(feat_a, feat_r, paired=paired, n_resamples=n_resamples, seed=seed)
+        out[f"fid{suffix}"] = dict(mean=fid_value, low=lo, high=hi, n=n, level=0.95, method="percentile")
+        subset = max(2, min(50, n, r.shape[0]))
+        kid = KernelInceptionDistance(feature=feature_extractor, subsets=50, subset_size=subset, normalize=True)
+        kid.update(r, real=True)
+        kid.update(a, real=False)
+        kid_mean, kid_std = (float(v) for v in kid.compute())
+        out[f"kid{suffix}"] = dict(mean=kid_mean, low=kid_mean - 1.96 * kid_std, high=kid_mean + 1.96 * kid_std,
+                                   n=n, level=0.95, method=f"subsets of {subset} (mean +- 1.96 sd)")
+    return out
+
+
+@torch.no_grad()
+def inception_score_proxy(images: torch.Tensor, logits_extractor, *, seed: int = 0, n_resamples: int = 200
+                          ) -> dict:
+    """Inception Score (torchmetrics, one split) with the classifier's logits; bootstrap interval over samples."""
+    from torchmetrics.image.inception import InceptionScore
+
+    a = quantize01(images)
+    n = a.shape[0]
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # feature-buffer notice; std over one split
+        torch.manual_seed(seed)
+        metric = InceptionScore(feature=logits_extractor, splits=1, normalize=True)
+        metric.update(a)
+        value = float(metric.compute()[0])
+    probs = logits_extractor(a).double().softmax(-1).numpy()
+    rng = np.random.default_rng(seed)
+    boot = []
+    for _ in range(n_resamples):
+        p = probs[rng.integers(0, n, n)]
+        marginal = p.mean(0, keepdims=True)
+        boot.append(math.exp((p * (np.log(p + 1e-12) - np.log(marginal + 1e-12))).sum(1).mean()))
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    return dict(mean=value, low=float(lo), high=float(hi), n=n, level=0.95, method="percentile")
+
+
+# ----- standard metrics, local weights only ----------------------------------------------------------------
+def inception_fid(arm_images: torch.Tensor, ref_images: torch.Tensor, weights: str | Path | None) -> float:
+    """Standard Inception-v3 FID (torchmetrics/torch-fidelity) from a LOCAL weight file; never downloads."""
+    if weights is None:
+        raise MetricUnavailable("standard Inception FID needs local weights: pass --inception-weights "
+                                "pt_inception-2015-12-05.pth (nothing is downloaded)")
+    path = Path(weights).expanduser()
+    if not path.is_file():
+        raise MetricUnavailable(f"Inception weights not found at {path}")
+    try:
+        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+    except Exception as exc:  # noqa: BLE001 - any import failure means: not available here
+        raise MetricUnavailable(
+            f"standard Inception FID needs torch-fidelity (and torchvision), which cannot be imported here "
+            f"({type(exc).__name__}: {exc}); on a CPU machine with torch 2.13 they do not install "
+            f"(specs/environment.md)") from None
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    extractor = FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(path))
+    metric = FrechetInceptionDistance(feature=extractor, normalize=False)
+    metric.update((quantize01(ref_images) * 255).byte(), real=True)
+    metric.update((quantize01(arm_images) * 255).byte(), real=False)
+    return float(metric.compute())
+
+
+def clip_score(images: torch.Tensor, texts: Sequence[str], model_dir: str | Path | None) -> float:
+    """CLIP score (torchmetrics ``CLIPScore``) from a LOCAL model directory; never downloads."""
+    if model_dir is None:
+        raise MetricUnavailable("CLIP score needs a local CLIP model directory: pass --clip-weights DIR "
+                                "(a Hugging Face layout; nothing is downloaded)")
+    path = Path(model_dir).expanduser()
+    if not path.is_dir():
+        raise MetricUnavailable(f"CLIP model directory not found at {path}")
+    try:
+        import transformers  # noqa: F401
+        from torchmetrics.multimodal.clip_score import CLIPScore
+    except Exception as exc:  # noqa: BLE001
+        raise MetricUnavailable(f"CLIP score needs the 'transformers' package ({type(exc).__name__}: {exc})") from None
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    metric = CLIPScore(model_name_or_path=str(path))
+    metric.update((quantize01(images) * 255).byte(), list(texts))
+    return float(metric.compute())
+
+
+# ----- everything for one arm ------------------------------------------------------------------------------
+@dataclass
+class MetricContext:
+    """What every arm of a run is measured with (built once per run)."""
+
+    classifier: Any | None = None
+    classifier_reason: str | None = None  # why class accuracy / the proxies are n/a (None: available)
+    feature_extractor: Any | None = None
+    logits_extractor: Any | None = None
+    real_images: torch.Tensor | None = None  # testbed held-out images for fid_real (testbed only)
+    real_reason: str | None = None
+    inception_weights: str | None = None
+    clip_weights: str | None = None
+    class_names: Sequence[str] | None = None
+    seed: int = 0
+    n_resamples: int = 200
+
+    @staticmethod
+    def build(adapter, *, classifier_path: str | Path | None = None, inception_weights=None, clip_weights=None,
+              real_count: int = 0, seed: int = 0) -> "MetricContext":
+        """Load the testbed classifier (if its weights exist) and decide what applies to ``adapter``."""
+        ctx = MetricContext(inception_weights=inception_weights, clip_weights=clip_weights, seed=seed)
+        try:
+            from ..testbed.classifier import (ClassifierFeatureExtractor, ClassifierLogitsExtractor,
+                                              load_classifier)
+
+            classifier = load_classifier(classifier_path)
+        except Exception as exc:  # noqa: BLE001 - missing weights / being trained: say so in the table
+            ctx.classifier_reason = f"testbed classifier unavailable ({exc})"
+            return ctx
+        reason = classifier_compatibility(adapter, classifier)
+        ctx.classifier_reason = reason
+        if reason is None:
+            ctx.classifier = classifier
+            ctx.feature_extractor = CachedExtractor(ClassifierFeatureExtractor(classifier))
+            ctx.logits_extractor = CachedExtractor(ClassifierLogitsExtractor(classifier))
+            try:
+                from ..testbed.data import CLASS_NAMES, generate_image
+
+                ctx.class_names = CLASS_NAMES
+                if real_count:
+                    imgs = [torch.from_numpy(generate_image("heldout", i, 0, classifier.image_size)[0])
+                            .permute(2, 0, 1) for i in range(real_count)]
+                    ctx.real_images = torch.stack(imgs)
+            except Exception as exc:  # noqa: BLE001
+                ctx.real_reason = f"testbed held-out images unavailable ({exc})"
+        else:
+            ctx.real_reason = reason
+        return ctx
+
+
+@dataclass
+class ArmMetrics:
+    per_sample: dict[str, list] = field(default_factory=dict)  # name -> [n] (None for missing)
+    per_scale: dict[str, list] = field(default_factory=dict)  # name -> [n][num_scales]
+    set_level: dict[str, dict] = field(default_factory=dict)  # name -> Summary dict
+    unavailable: dict[str, str] = field(default_factory=dict)  # name -> reason
+
+
+def _as_list(arr: np.ndarray) -> list:
+    return [None if not np.isfinite(v) else float(v) for v in np.asarray(arr, dtype=float).ravel()]
+
+
+def compute_arm_metrics(arm_images: torch.Tensor, base_images: torch.Tensor, labels: torch.Tensor,
+                        arm_tokens, base_tokens, ctx: MetricContext, *, is_baseline: bool = False) -> ArmMetrics:
+    """All metrics of one arm. ``is_baseline``: the reference itself (no fidelity; set metrics vs real only)."""
+    out = ArmMetrics()
+    if not is_baseline:
+        values, unavailable = fidelity_per_sample(arm_images, base_images)
+        out.per_sample.update({k: _as_list(v) for k, v in values.items()})
+        out.unavailable.update(unavailable)
+        agreement = token_agreement(arm_tokens, base_tokens)
+        out.per_scale["token_agreement"] = [[None if not np.isfinite(v) else float(v) for v in row]
+                                            for row in agreement]
+        with np.errstate(all="ignore"):
+            overall = np.nanmean(agreement, axis=1) if agreement.size else np.zeros(0)
+        out.per_sample["token_agreement"] = _as_list(overall)
+    if ctx.classifier is not None:
+        correct, prob = classify(arm_images, labels, ctx.classifier)
+        out.per_sample["class_correct"] = _as_list(correct)
+        out.per_sample["class_prob"] = _as_list(prob)
+        if is_baseline:
+            out.unavailable["fid_proxy"] = out.unavailable["kid_proxy"] = "reference arm"
+        else:
+            out.set_level.update(fid_kid(arm_images, base_images, ctx.feature_extractor, paired=True,
+                                         seed=ctx.seed, suffix="_proxy", n_resamples=ctx.n_resamples))
+        if arm_images.shape[0] >= 2:
+            out.set_level["is_proxy"] = inception_score_proxy(arm_images, ctx.logits_extractor, seed=ctx.seed,
+                                                              n_resamples=ctx.n_resamples)
+        if ctx.real_images is not None:
+            out.set_level.update(fid_kid(arm_images, ctx.real_images, ctx.feature_extractor, paired=False,
+                                         seed=ctx.seed, suffix="_real", n_resamples=ctx.n_resamples))
+        else:
+            out.unavailable["fid_real"] = ctx.real_reason or "no real reference images"
+    else:
+        reason = ctx.classifier_reason or "no classifier"
+        for name in ("class_correct", "class_prob", "fid_proxy", "kid_proxy", "is_proxy", "fid_real"):
+            out.unavailable[name] = reason
+    try:
+        if ctx.inception_weights is None:
+            raise MetricUnavailable("standard Inception FID: not requested (pass --inception-weights FILE)")
+        if is_baseline:
+            raise MetricUnavailable("reference arm")
+        out.set_level["fid_inception"] = dict(mean=inception_fid(arm_images, base_images, ctx.inception_weights),
+                                              low=math.nan, high=math.nan, n=int(arm_images.shape[0]),
+                                              level=0.95, method="point")
+    except MetricUnavailable as exc:
+        out.unavailable["fid_inception"] = str(exc)
+    try:
+        if ctx.clip_weights is None:
+            raise MetricUnavailable("CLIP score: not requested (pass --clip-weights DIR)")
+        names = ctx.class_names or [str(i) for i in range(int(labels.max()) + 1)]
+        texts = [f"a {names[int(l)].replace('_', ' ')} image" for l in labels]
+        out.set_level["clip_score"] = dict(mean=clip_score(arm_images, texts, ctx.clip_weights), low=math.nan,
+                                           high=math.nan, n=int(arm_images.shape[0]), level=0.95, method="point")
+    except MetricUnavailable as exc:
+        out.unavailable["clip_score"] = str(exc)
+    return out

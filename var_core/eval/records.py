@@ -1,0 +1,270 @@
+"""Self-describing result records: one JSON file per arm, written atomically as soon as the arm finishes.
+
+A record holds everything needed to trust and reproduce a number (DESIGN.md, "Every result is self-describing"):
+the resolved policy config and its hash, the model and weights, the sampling config, the sample set (labels,
+seeds and their hash), git SHA, package versions, device, dtype, attention backend, thread count, batch size,
+warm-up count, what is inside the timed region, per-batch timings, per-sample metrics and their summaries.
+
+Resume: a run folder is re-usable. :func:`find_reusable` returns the finished record of an arm whose *key* —
+policy config hash, model, weights, dtype, sampling, sample-set hash — equals the one asked for, so re-running
+with the same ``--out`` computes only the missing arms. Records are written with ``tmp + os.replace``; an
+interrupted arm leaves no record (and at most a ``*.tmp`` file, ignored and overwritten later), and the arms
+finished before it stay intact.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..engine import SamplingConfig
+from .lightning import TIMED_REGION, ConditionSet
+
+__all__ = [
+    "SCHEMA", "REQUIRED_KEYS", "RunConfig", "arm_slug", "environment_info", "git_info", "package_versions",
+    "write_json_atomic", "read_record", "find_reusable", "validate_record", "to_jsonable", "record_paths",
+]
+
+SCHEMA = "varscope.arm/1"
+REQUIRED_KEYS = {
+    "schema": str, "status": str, "arm": str, "family": str, "role": str, "description": str,
+    "key": dict, "config_hash": str, "policy": dict, "model": dict, "sampling": dict, "samples": dict,
+    "environment": dict, "timing": dict, "metrics": dict, "summary": dict, "created": str,
+}
+KEY_FIELDS = ("config_hash", "model", "weights", "dtype", "sampling", "samples")
+
+
+def to_jsonable(value: Any) -> Any:
+    """JSON-safe copy: tensors / numpy to lists, non-finite floats to ``None``, tuples to lists."""
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return to_jsonable(value.detach().cpu().tolist())
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return to_jsonable(value.item())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    """Write JSON to ``path`` via a temporary file in the same folder and ``os.replace`` (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(to_jsonable(data), handle, indent=1, allow_nan=False)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def arm_slug(name: str) -> str:
+    """A file-name-safe version of an arm name."""
+    slug = re.sub(r"[^A-Za-z0-9._=+-]+", "_", name).strip("_")
+    return slug or "arm"
+
+
+def record_paths(out_dir: str | Path, arm: str) -> tuple[Path, Path]:
+    """``(json record, tensor file)`` of an arm inside a run folder."""
+    folder, slug = Path(out_dir) / "arms", arm_slug(arm)
+    return folder / f"{slug}.json", folder / f"{slug}.pt"  # not with_suffix: slugs may contain dots
+
+
+# ----- provenance ------------------------------------------------------------------------------------------
+def git_info(root: str | Path | None = None) -> dict:
+    """Commit SHA and whether the work tree has uncommitted changes (read-only git calls)."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+    info = {"sha": None, "dirty": None}
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+        if sha.returncode == 0:
+            info["sha"] = sha.stdout.strip()
+            status = subprocess.run(["git", "--no-optional-locks", "-C", str(root), "status", "--porcelain",
+                                     "--untracked-files=no"], capture_output=True, text=True, timeout=20)
+            if status.returncode == 0:
+                info["dirty"] = bool(status.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def package_versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for name in ("torch", "lightning", "torchmetrics", "numpy", "scipy", "pandas", "wandb", "seaborn", "matplotlib"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def attention_backend(adapter: Any) -> str:
+    explicit = getattr(adapter, "attention_backend", None)
+    if explicit:
+        return str(explicit)
+    device = getattr(adapter, "device", torch.device("cpu"))
+    text = "torch.nn.functional.scaled_dot_product_attention"
+    if device.type == "cuda" and torch.cuda.is_available():
+        flags = [name for name, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
+                                       ("mem_efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
+                                       ("math", torch.backends.cuda.math_sdp_enabled())) if on]
+        text += f" (CUDA kernels enabled: {', '.join(flags)})"
+    else:
+        text += " (CPU kernel)"
+    return text + "; eager softmax(QK^T) on blocks whose attention a policy observes"
+
+
+def environment_info(adapter: Any, *, accelerator: str, devices: Any, strategy: str, processes: list[dict] | None
+                     = None) -> dict:
+    device = getattr(adapter, "device", torch.device("cpu"))
+    dtype = None
+    for module in vars(adapter).values():
+        if isinstance(module, torch.nn.Module):
+            param = next(module.parameters(), None)
+            if param is not None:
+                dtype = str(param.dtype).replace("torch.", "")
+                break
+    return {
+        "git": git_info(), "packages": package_versions(), "device": str(device), "device_name": _device_name(device),
+        "dtype": dtype, "attention_backend": attention_backend(adapter), "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(), "accelerator": accelerator, "devices": devices,
+        "strategy": strategy, "processes": processes or [], "hostname": platform.node(),
+    }
+
+
+# ----- run config ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunConfig:
+    """One arm of a study: what to generate (policy, model, sampling, samples) and how to measure it."""
+
+    arm: str
+    family: str
+    policy: Any  # var_core.accel.PolicyConfig
+    model: str
+    weights: str | None
+    sampling: SamplingConfig
+    conditions: ConditionSet
+    batch_size: int = 16
+    warmup: int = 1
+    role: str = "arm"  # "baseline" (the reference every other arm is compared with) or "arm"
+    description: str = ""
+    plain_loop: bool = False  # run the bare engine loop (no policy object): the baseline's timing reference
+    dtype: str = "float32"
+    accelerator: str = "cpu"
+    devices: Any = 1
+    strategy: str = "auto"
+
+    @property
+    def config_hash(self) -> str:
+        return self.policy.config_hash()
+
+    def sampling_dict(self) -> dict:
+        s = self.sampling
+        return {"cfg": s.cfg, "top_k": s.top_k, "top_p": s.top_p, "temperature": s.temperature}
+
+    def key(self) -> dict:
+        """What must match for a stored record to be reused (timing settings deliberately excluded)."""
+        return {
+            "config_hash": self.config_hash + ("+plain" if self.plain_loop else ""),
+            "model": self.model, "weights": str(Path(self.weights).resolve()) if self.weights else None,
+            "dtype": self.dtype, "sampling": self.sampling_dict(), "samples": self.conditions.content_hash(),
+        }
+
+
+def new_record(config: RunConfig) -> dict:
+    """The skeleton of a record (filled by the runner, then written with :func:`write_json_atomic`)."""
+    return {
+        "schema": SCHEMA, "status": "running", "arm": config.arm, "family": config.family, "role": config.role,
+        "description": config.description, "key": config.key(), "config_hash": config.config_hash,
+        "policy": config.policy.to_dict(), "plain_loop": config.plain_loop,
+        "model": {"name": config.model, "weights": config.weights, "dtype": config.dtype},
+        "sampling": config.sampling_dict(), "samples": config.conditions.to_dict(),
+        "environment": {}, "timing": {"batch_size": config.batch_size, "warmup_generations": config.warmup,
+                                      "timed_region": TIMED_REGION},
+        "metrics": {}, "summary": {}, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# ----- reading / resuming ----------------------------------------------------------------------------------
+def validate_record(record: dict) -> None:
+    """Raise ``ValueError`` naming every missing or mistyped top-level field."""
+    problems = []
+    for key, kind in REQUIRED_KEYS.items():
+        if key not in record:
+            problems.append(f"missing {key!r}")
+        elif not isinstance(record[key], kind):
+            problems.append(f"{key!r} is {type(record[key]).__name__}, expected {kind.__name__}")
+    if record.get("schema") not in (None, SCHEMA) and "schema" in record:
+        problems.append(f"schema {record['schema']!r} is not {SCHEMA!r}")
+    if isinstance(record.get("key"), dict):
+        missing = [k for k in KEY_FIELDS if k not in record["key"]]
+        if missing:
+            problems.append(f"key lacks {missing}")
+    if problems:
+        raise ValueError("invalid record: " + "; ".join(problems))
+
+
+def read_record(path: str | Path) -> dict | None:
+    """A finished, valid record, or ``None`` (missing, unreadable, invalid or unfinished)."""
+    try:
+        record = json.loads(Path(path).read_text())
+        validate_record(record)
+    except (OSError, ValueError):
+        return None
+    return record if record.get("status") == "complete" else None
+
+
+def find_reusable(out_dir: str | Path, config: RunConfig, *, need_tensors: bool = False) -> dict | None:
+    """The finished record of ``config`` in ``out_dir`` (same key), or ``None``.
+
+    Looks at the arm's own file first, then at every record of the folder (an arm may have been renamed).
+    ``need_tensors``: also require the arm's tensor file (the baseline's images are needed by later arms).
+    """
+    key = to_jsonable(config.key())
+    own_json, own_pt = record_paths(out_dir, config.arm)
+    candidates = [own_json] + sorted(p for p in (Path(out_dir) / "arms").glob("*.json") if p != own_json)
+    for path in candidates:
+        record = read_record(path)
+        if record is None or record.get("key") != key:
+            continue
+        if need_tensors and not path.with_name(path.name[: -len(".json")] + ".pt").is_file():
+            continue
+        return record
+    return None

@@ -1,0 +1,187 @@
+"""Statistics for per-sample metrics: seeded bootstrap confidence intervals and paired tests (scipy).
+
+* :func:`bootstrap_ci` — mean (or another statistic) with a 95 % bootstrap interval over samples. BCa by
+  default; the percentile method for fewer than :data:`MIN_BCA` values (BCa's jackknife is unstable there).
+  Seeded, so a table is reproducible. NaNs are dropped and the count that remains is reported as ``n``.
+* :func:`paired_bootstrap_ratio` — ratio of means of two paired series (e.g. baseline vs arm latency per batch,
+  giving a speedup and its interval).
+* :func:`paired_wilcoxon` — Wilcoxon signed-rank test of an arm's per-sample metric against the baseline's on the
+  same samples (same seeds). All-zero differences (an arm identical to the baseline) give ``p = 1``.
+
+Every summary carries its sample count ``n``; tables print it next to each interval.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["Summary", "WilcoxonResult", "bootstrap_ci", "paired_bootstrap_ratio", "paired_wilcoxon",
+           "format_summary", "MIN_BCA"]
+
+MIN_BCA = 10  # below this many values the percentile interval is used instead of BCa
+DEFAULT_RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A point estimate with a confidence interval ``[low, high]`` at ``level`` over ``n`` values."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    level: float = 0.95
+    method: str = "BCa"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict) -> "Summary":
+        return Summary(**data)
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+
+def _clean(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    arr = np.asarray([np.nan if v is None else v for v in np.asarray(values, dtype=object).ravel()], dtype=float)
+    return arr[np.isfinite(arr)]
+
+
+def _nan_summary(n: int, level: float, method: str) -> Summary:
+    return Summary(math.nan, math.nan, math.nan, n, level, method)
+
+
+def bootstrap_ci(values: Sequence[float] | np.ndarray, *, level: float = 0.95, seed: int = 0,
+                 n_resamples: int = DEFAULT_RESAMPLES, statistic: Callable[[np.ndarray], float] = np.mean,
+                 method: str | None = None) -> Summary:
+    """``statistic`` of ``values`` with a seeded bootstrap confidence interval.
+
+    ``method``: ``"BCa"`` / ``"percentile"`` / ``"basic"``; default BCa for ``n >= MIN_BCA``, percentile below.
+    One value gives a zero-width interval; none gives NaNs (with ``n = 0``).
+    """
+    from scipy import stats
+
+    data = _clean(values)
+    n = int(data.size)
+    method = method or ("BCa" if n >= MIN_BCA else "percentile")
+    if n == 0:
+        return _nan_summary(0, level, method)
+    point = float(statistic(data))
+    if n == 1 or float(np.ptp(data)) == 0.0:
+        return Summary(point, point, point, n, level, method)
+
+    def stat(x, axis=-1):
+        return statistic(x, axis=axis)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate-distribution warnings: handled below
+        res = stats.bootstrap((data,), stat, n_resamples=n_resamples, confidence_level=level, method=method,
+                              vectorized=True, rng=np.random.default_rng(seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (math.isfinite(low) and math.isfinite(high)) and method != "percentile":
+        return bootstrap_ci(data, level=level, seed=seed, n_resamples=n_resamples, statistic=statistic,
+                            method="percentile")
+    return Summary(point, low, high, n, level, method)
+
+
+def paired_bootstrap_ratio(numerator: Sequence[float], denominator: Sequence[float], *, level: float = 0.95,
+                           seed: int = 0, n_resamples: int = DEFAULT_RESAMPLES) -> Summary:
+    """``mean(numerator) / mean(denominator)`` over paired values, with a paired bootstrap interval.
+
+    Used for speedup = baseline time / arm time with the times of the same batches (same samples) paired.
+    Pairs with a missing value on either side are dropped.
+    """
+    from scipy import stats
+
+    num = np.asarray([np.nan if v is None else v for v in numerator], dtype=float)
+    den = np.asarray([np.nan if v is None else v for v in denominator], dtype=float)
+    if num.shape != den.shape:
+        raise ValueError(f"paired series differ in length: {num.shape[0]} vs {den.shape[0]}")
+    keep = np.isfinite(num) & np.isfinite(den)
+    num, den = num[keep], den[keep]
+    n = int(num.size)
+    method = "BCa" if n >= MIN_BCA else "percentile"
+    if n == 0 or float(den.mean()) == 0.0:
+        return _nan_summary(n, level, method)
+    point = float(num.mean() / den.mean())
+    if n == 1 or (np.ptp(num) == 0 and np.ptp(den) == 0):
+        return Summary(point, point, point, n, level, method)
+
+    def ratio(a, b, axis=-1):
+        return np.mean(a, axis=axis) / np.mean(b, axis=axis)
+
+    for attempt in (method, "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = stats.bootstrap((num, den), ratio, paired=True, n_resamples=n_resamples, confidence_level=level,
+                                  method=attempt, vectorized=True, rng=np.random.default_rng(seed))
+        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(low) and math.isfinite(high):
+            return Summary(point, min(low, point), max(high, point), n, level, attempt)
+    return Summary(point, math.nan, math.nan, n, level, method)
+
+
+@dataclass(frozen=True)
+class WilcoxonResult:
+    statistic: float
+    p_value: float
+    n: int  # pairs used (both finite)
+    n_nonzero: int  # pairs with a non-zero difference
+    median_difference: float  # arm − baseline
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def paired_wilcoxon(arm: Sequence[float], baseline: Sequence[float]) -> WilcoxonResult:
+    """Two-sided Wilcoxon signed-rank test of ``arm − baseline`` on paired per-sample values."""
+    from scipy import stats
+
+    a = np.asarray([np.nan if v is None else v for v in arm], dtype=float)
+    b = np.asarray([np.nan if v is None else v for v in baseline], dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired series differ in length: {a.shape[0]} vs {b.shape[0]}")
+    keep = np.isfinite(a) & np.isfinite(b)
+    diff = a[keep] - b[keep]
+    n = int(diff.size)
+    nonzero = int(np.count_nonzero(diff))
+    median = float(np.median(diff)) if n else math.nan
+    if n == 0:
+        return WilcoxonResult(math.nan, math.nan, 0, 0, median)
+    if nonzero == 0:
+        return WilcoxonResult(0.0, 1.0, n, 0, median)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = stats.wilcoxon(diff, zero_method="wilcox", alternative="two-sided")
+    return WilcoxonResult(float(res.statistic), float(res.pvalue), n, nonzero, median)
+
+
+def format_summary(summary: Summary | dict | None, digits: int = 3, show_n: bool = False) -> str:
+    """``"12.3 [11.9, 12.8]"`` (``n=64`` appended with ``show_n``); ``"n/a"`` for a missing value."""
+    if summary is None:
+        return "n/a"
+    if isinstance(summary, dict):
+        summary = Summary.from_dict(summary)
+    if not math.isfinite(summary.mean):
+        return "n/a"
+    scale = max(abs(summary.mean), abs(summary.high) if math.isfinite(summary.high) else 0.0)
+    if scale >= 1000:
+        fmt = "{:.0f}"
+    elif 0 < scale < 10 ** (1 - digits):  # tiny values (KID, FID of near-identical sets): significant digits
+        fmt = "{:.2g}"
+    else:
+        fmt = f"{{:.{digits}f}}"
+    text = fmt.format(summary.mean)
+    if math.isfinite(summary.low) and math.isfinite(summary.high) and summary.high > summary.low:
+        text += f" [{fmt.format(summary.low)}, {fmt.format(summary.high)}]"
+    if show_n:
+        text += f" (n={summary.n})"
+    return text
