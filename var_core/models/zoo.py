@@ -200,6 +200,15 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     vae.to(device=device).eval().requires_grad_(False)
     adapter = VARAdapter(var, vae)
     adapter.model_name = name
+    if base == "testbed":
+        from ..engine.sampling import SamplingConfig
+
+        folder = Path(weights) if weights is not None else TESTBED_DIR
+        meta = json.loads((folder / "testbed.json").read_text())
+        if "default_sampling" in meta:
+            known = {"cfg", "top_k", "top_p", "temperature"}
+            adapter.default_sampling = SamplingConfig(**{k: v for k, v in meta["default_sampling"].items()
+                                                         if k in known})
     return adapter
 
 
