@@ -316,8 +316,8 @@ def _reference_run(adapter, conditions, seeds, sampling, policy, options, device
     with _AdapterTracer(adapter, timer):
         result = generate(adapter, conditions, seeds=seeds, sampling=sampling, policy=policy,
                           tracer=CompositeTracer(timer, peak), options=options)
-    if cuda:
-        run.overall_peak_bytes = int(torch.cuda.max_memory_allocated(device))
+    if cuda:  # the tracer resets the peak counter at every scale: combine its per-scale peaks with the rest
+        run.overall_peak_bytes = max(int(torch.cuda.max_memory_allocated(device)), peak.report().peak_bytes)
     frame = timer.frame()
     lens = frame[frame["component"] == "lens"]
     lens_blocks: dict[int, set[int]] = {}
@@ -451,16 +451,39 @@ def representative_scale(run: MethodRun, wanted: int | None, num_scales: int) ->
 
 
 def scale_table(run: MethodRun, scale: int):
-    """``profilers.breakdown.scale_breakdown`` of the median run at ``scale``, plus the entropy share."""
-    from profilers.breakdown import scale_breakdown
+    """Breakdown of one scale (NOVA's Table 8 layout): ``profilers.breakdown.scale_breakdown`` of every timed run,
+    then per component the **median over the runs** of its milliseconds, so a run descheduled inside one span cannot
+    put a spike in the table. ``share`` is of ``total (Σ medians)``; the median scale window is listed below it
+    (it is larger when the spikes hit different components in different runs). Returns ``(table, entropy_ms,
+    entropy_pct)``: the median entropy/scoring time (``accel/scorer`` + ``accel/entropy`` + logit lens) at that
+    scale and its share of the total."""
+    import pandas as pd
 
-    timer = run.median_timer()
-    table = scale_breakdown(timer, scale, flops=run.flops)
-    frame = timer.frame()
-    at = frame[frame["scale"] == scale]
-    entropy = float(at.loc[at["component"].isin(ENTROPY_COMPONENTS), "self_ms"].sum())
-    window = float(timer.scale_windows().get(scale, 0.0))
-    return table, entropy, (100 * entropy / window if window else 0.0)
+    from profilers.breakdown import _label, scale_breakdown
+
+    window_row = "total (scale window)"
+    tables, entropy, windows = [], [], []
+    for timer in run.timers:
+        frame = timer.frame()
+        if scale not in set(frame["scale"]):
+            continue
+        tables.append(scale_breakdown(timer, scale, flops=run.flops)["ms"].drop(index=window_row))
+        at = frame[frame["scale"] == scale]
+        entropy.append(float(at.loc[at["component"].isin(ENTROPY_COMPONENTS), "self_ms"].sum()))
+        windows.append(float(timer.scale_windows().get(scale, 0.0)))
+    table = pd.DataFrame({"ms": pd.concat(tables, axis=1).fillna(0.0).median(axis=1)})
+    table = table.sort_values("ms", ascending=False)
+    total = float(table["ms"].sum())
+    gflops = run.flops.frame()
+    gflops = gflops[gflops["scale"] == scale].groupby("component")["flops"].sum() / 1e9
+    gflops.index = [_label(c) for c in gflops.index]
+    table["gflops"] = gflops.reindex(table.index)
+    table.loc["total (Σ medians)"] = [total, float(gflops.sum())]
+    table.loc[f"scale window (median of {len(windows)} runs)"] = [statistics.median(windows), float("nan")]
+    table["share"] = 100 * table["ms"] / total if total else 0.0
+    table.index.name = f"scale {scale}"
+    entropy_ms = statistics.median(entropy)
+    return table, entropy_ms, (100 * entropy_ms / total if total else 0.0)
 
 
 # ----- plots -------------------------------------------------------------------------------------------------
@@ -652,9 +675,11 @@ def write_markdown(path: Path, info: dict, summaries: dict[int, list[dict]], per
         if key in figures:
             lines += [f"![{key}]({figures[key]})", ""]
     lines += ["## Breakdown of a representative high-resolution scale", "",
-              "`profilers.breakdown.scale_breakdown` of the median run (self time per component; `loop (outside "
-              "spans)` = the scale window minus the spans). Entropy share = `accel/scorer` + `accel/entropy` + "
-              "logit lens over the scale window.", ""]
+              "`profilers.breakdown.scale_breakdown` of every timed run, then the median per component over the "
+              "runs (self time; `loop (outside spans)` = the scale window minus the spans), so a run descheduled "
+              "inside one span does not put a spike in the table. Shares are of the sum of the medians; the median "
+              "scale window is listed below it (larger when different runs were hit in different components). "
+              "Entropy share = `accel/scorer` + `accel/entropy` + logit lens.", ""]
     for (method, batch), (scale, table, entropy_ms, entropy_pct) in breakdowns.items():
         t = table.reset_index()
         t.columns = ["component"] + [str(c) for c in t.columns[1:]]
@@ -663,7 +688,7 @@ def write_markdown(path: Path, info: dict, summaries: dict[int, list[dict]], per
             t["gflops"] = t["gflops"].map(lambda v: "—" if v != v else f"{v:.3g}")
         t["share"] = t["share"].map(lambda v: f"{v:.1f} %")
         lines += [f"### {method}, batch {batch}, scale {scale}", "",
-                  _md_table(t), "", f"entropy/scoring: {entropy_ms:.2f} ms = **{entropy_pct:.1f} %** of the scale",
+                  _md_table(t), "", f"entropy/scoring: {entropy_ms:.2f} ms = **{entropy_pct:.1f} %** of the scale (Σ medians)",
                   ""]
     main = f"{info['method']}_b{info['batch_size']}/"
     inline = [(k, v) for k, v in figures.items() if k.startswith(main)]

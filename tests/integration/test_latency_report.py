@@ -53,7 +53,8 @@ def _check_report(out: Path, methods: set[str], batches: set[int], family: str) 
         assert not (out / "breakdown" / f"{method}_b2").exists()
         for batch in batches:
             breakdown = pd.read_csv(out / f"scale_breakdown_{method}_b{batch}.csv", index_col=0)
-            assert "total (scale window)" in breakdown.index and "share" in breakdown.columns
+            assert "total (Σ medians)" in breakdown.index and "share" in breakdown.columns
+            assert breakdown.loc["total (Σ medians)", "share"] == pytest.approx(100.0)
     text = (out / "report.md").read_text()
     assert "speedup (transformer)" in text and "Breakdown of a representative" in text
     return report

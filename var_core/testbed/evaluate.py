@@ -163,7 +163,7 @@ def plot_entropy(ent_mean: torch.Tensor, ent_total: torch.Tensor, labels: torch.
         sns.lineplot(data=df, x="si", y=col, hue="class", hue_order=list(CLASS_NAMES), palette=palette,
                      errorbar=None, ax=ax, linewidth=1.0, alpha=0.85)
         sns.lineplot(data=df, x="si", y=col, color="black", errorbar=("pi", 50), ax=ax, linewidth=2.2,
-                     label="all (median band: 25-75%)")
+                     label="all classes (mean; band: 25-75th pct.)")
         ax.set_xticks(range(len(patch_nums)))
         ax.set_xticklabels([f"{si}\n{pn}x{pn}" for si, pn in enumerate(patch_nums)])
         ax.set_xlabel("scale (index, token map)")

@@ -67,8 +67,8 @@ class VQVAETrainConfig:
     # architecture (VQVAE kwargs)
     vocab_size: int = 512
     z_channels: int = 32
-    ch: int = 32
-    ch_mult: tuple[int, ...] = (1, 2, 2)
+    ch: int = 16
+    ch_mult: tuple[int, ...] = (1, 2, 4)
     num_res_blocks: int = 1
     attn_at_lowest: bool = False
     norm_groups: int = 8
@@ -80,18 +80,18 @@ class VQVAETrainConfig:
     n_images: int = 20_000
     data_seed: int = 0
     # optimisation
-    batch_size: int = 32
-    lr: float = 5e-4
+    batch_size: int = 16
+    lr: float = 1e-3
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
-    warmup_steps: int = 200
-    total_steps: int = 4000  # cosine length in steps (with a time box, the schedule follows max(step, time) progress)
+    warmup_steps: int = 50
+    total_steps: int = 3000  # cosine length in steps (with a time box, the schedule follows max(step, time) progress)
     l1_weight: float = 1.0
     l2_weight: float = 1.0
     vq_weight: float = 1.0
     grad_clip: float = 1.0
     # dead-code restarts
-    restart_every: int = 50
+    restart_every: int = 25
     restart_until: float = 0.7  # training progress after which no more restarts happen
     restart_min_usage: float = 1.0  # EMA hits per batch summed over scales
 
@@ -113,16 +113,16 @@ class VARTrainConfig:
     mlp_ratio: float = 4.0
     cond_drop_rate: float = 0.1
     # data
-    n_images: int = 40_000
+    n_images: int = 20_000
     data_seed: int = 0
     # optimisation
-    batch_size: int = 32
-    lr: float = 1e-3
+    batch_size: int = 16
+    lr: float = 8e-4
     min_lr_ratio: float = 0.05
     weight_decay: float = 0.05
     betas: tuple[float, float] = (0.9, 0.95)
-    warmup_steps: int = 200
-    total_steps: int = 3500
+    warmup_steps: int = 100
+    total_steps: int = 6000
     grad_clip: float = 2.0
     label_smoothing: float = 0.0
     bf16: bool = True
@@ -350,7 +350,7 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-DEFAULT_SAMPLING = {"cfg": 3.0, "top_k": 0, "top_p": 0.0}
+DEFAULT_SAMPLING = {"cfg": 1.5, "top_k": 100, "top_p": 0.95}  # chosen by a sweep on the shipped model (MODEL_CARD)
 
 
 def export_vqvae(module: VQVAEModule, out: Path, extra: dict | None = None) -> None:
