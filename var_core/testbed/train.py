@@ -41,7 +41,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ import lightning.pytorch as pl
 
 from ..models.var import VAR, VARConfig
 from ..models.vqvae import VQVAE
-from .data import NUM_CLASSES, make_tensor_dataset
+from .data import CLASS_NAMES, NUM_CLASSES, make_tensor_dataset
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "weights"
 PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
@@ -368,7 +368,7 @@ def export_var(module: VARModule, out: Path, extra: dict | None = None) -> None:
         "var_config": module.var_config.to_dict(),
         "vqvae_config": vq_meta["vqvae_config"],
         "default_sampling": previous.get("default_sampling", DEFAULT_SAMPLING),
-        "class_names": list(__import__("var_core.testbed.data", fromlist=["CLASS_NAMES"]).CLASS_NAMES),
+        "class_names": list(CLASS_NAMES),
         "image_size": int(vq_meta["vqvae_config"]["patch_nums"][-1] * 2 ** (len(vq_meta["vqvae_config"]["ch_mult"]) - 1)),
         "training": {"vqvae": vq_meta.get("training", {}), "var": (extra or {}).get("training", {})},
     }
