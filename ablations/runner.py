@@ -71,7 +71,7 @@ class StudyOptions:
     clip_weights: str | None = None
     classifier: str | None = None  # testbed classifier weights (default: the shipped file)
     profile: bool = True
-    threads: int | None = None  # intra-op threads per process (None: torch / Lightning default)
+    threads: int | str | None = "auto"  # intra-op threads per process: int, "auto" (see resolve_threads), None = torch
     grid_samples: int = 8
     plots: bool = True
     timing_rounds: int = 5  # interleaved re-timing rounds per arm (0: off): latency speedup robust to load drift
@@ -135,6 +135,33 @@ def resolve_sampling(adapter, model: str, weights: str | None):
         except (OSError, ValueError, TypeError):
             pass
     return SamplingConfig()
+
+
+def resolve_threads(setting: int | str | None) -> tuple[int | None, str]:
+    """Threads per process for a study, decided once before the first arm (so every arm runs alike).
+
+    ``"auto"``: torch's default unless the 1-minute load average says other processes already occupy cores, then
+    only the free cores (at least 1). On a shared 2-core machine two OpenMP threads competing with other jobs run
+    several times slower than one (each parallel region waits for a descheduled thread), which would make every
+    timing meaningless. ``None`` / ``"torch"``: torch's default; an int: exactly that many.
+    """
+    if setting is None or setting == "torch":
+        return None, f"torch default ({torch.get_num_threads()})"
+    if setting == "auto":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        try:
+            load = os.getloadavg()[0]
+        except (OSError, AttributeError):
+            return None, f"auto: load unknown, torch default ({torch.get_num_threads()})"
+        free = cores - int(round(load))
+        threads = max(1, min(torch.get_num_threads(), free))
+        if threads == torch.get_num_threads():
+            return None, f"auto: {cores} cores, 1-min load {load:.1f} -> torch default ({threads})"
+        return threads, f"auto: {cores} cores, 1-min load {load:.1f} (other jobs) -> {threads} thread(s)"
+    threads = int(setting)
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, 'auto' or 'torch', got {setting!r}")
+    return threads, f"explicit ({threads})"
 
 
 def default_out_dir(options: StudyOptions, model: str) -> Path:
@@ -399,6 +426,16 @@ def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: S
             plain_loop=arm.role == "baseline", dtype=options.dtype, accelerator=options.accelerator,
             devices=options.devices, strategy=options.strategy)
 
+    threads, threads_reason = resolve_threads(options.threads)
+    if options.threads == "auto":  # resuming: run the missing arms like the reused ones, for comparable timings
+        base_arm = next(a for a in available if a.role == "baseline")
+        previous = rec.find_reusable(out_dir, config_for(base_arm))
+        processes = (previous or {}).get("environment", {}).get("processes") or []
+        if processes and processes[0].get("threads"):
+            threads = int(processes[0]["threads"])
+            threads_reason = f"auto: {threads}, as in the reused records of this folder"
+    log(f"threads per process: {threads_reason}")
+    plan.notes.append(f"threads per process: {threads_reason}")
     probes = [ProfilerProbe(device=device)] if options.profile else []
     records: list[dict] = []
     computed, reused = [], []
@@ -436,7 +473,7 @@ def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: S
         run = run_generation(adapter, conditions, policy_config=None if is_base else arm.config,
                              sampling=sampling, batch_size=options.batch_size, warmup=options.warmup,
                              accelerator=options.accelerator, devices=options.devices, strategy=options.strategy,
-                             probes=probes, threads=options.threads,
+                             probes=probes, threads=threads,
                              progress=f"[{position}/{total}] {arm.name}" if options.progress else False)
         if is_base:
             base_run = run
@@ -465,7 +502,7 @@ def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: S
         log(f"interleaved timing: {options.timing_rounds} rounds of a batch of {options.timing_batch} per arm, arms "
             f"back to back in rotating order")
         interleaved = interleaved_timing(adapter, available, conditions, sampling, options.timing_batch,
-                                         options.timing_rounds, seed=options.seed, threads=options.threads)
+                                         options.timing_rounds, seed=options.seed, threads=threads)
         rec.write_json_atomic(out_dir / "timing_interleaved.json", interleaved)
 
     from . import report

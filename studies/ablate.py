@@ -52,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "arms interleaved (speedups robust to load changes on a shared machine; 0: off)")
     parser.add_argument("--timing-batch", type=int, default=1,
                         help="batch size of the interleaved re-timing (default 1: the latency regime)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="intra-op threads per process (default: torch's; DDP on CPU: cores / processes)")
+    parser.add_argument("--threads", default="auto",
+                        help="intra-op threads per process: N, 'torch' (torch's default; DDP on CPU: cores / "
+                             "processes) or 'auto' (default: torch's unless the load average shows other jobs on the "
+                             "cores, then only the free ones, at least 1; decided once per study)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--classifier", default=None, help="testbed classifier weights (default: shipped file)")
     parser.add_argument("--inception-weights", default=None,
@@ -92,12 +94,22 @@ def cmd_ls() -> int:
     return 0
 
 
+def _threads_arg(text):
+    if text in (None, "auto", "torch"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise SystemExit(f"error: --threads must be a number, 'auto' or 'torch', got {text!r}") from None
+
+
 def cmd_validate(args) -> int:
+    from ablations.runner import resolve_threads
     from ablations.validate import validate_families
 
     report = validate_families(args.family, model=args.model or "official-tiny", weights=args.weights,
                                max_scales=args.max_scales, overrides=args.overrides, method=args.method,
-                               threads=args.threads)
+                               threads=resolve_threads(_threads_arg(args.threads))[0])
     print(f"validate: {len(report.checked)} arms ok, {len(report.errors)} failed ({report.seconds:.1f} s)")
     for family, arm, message in report.errors:
         print(f"  {family}/{arm}: {message}")
@@ -118,7 +130,7 @@ def cmd_family(args) -> int:
         method=args.method, warmup=args.warmup, progress=not args.no_progress, dtype=args.dtype,
         arms=tuple(a.strip() for a in args.arms.split(",")) if args.arms else None,
         inception_weights=args.inception_weights, clip_weights=args.clip_weights, classifier=args.classifier,
-        plots=not args.no_plots, threads=args.threads, timing_rounds=args.timing_rounds,
+        plots=not args.no_plots, threads=_threads_arg(args.threads), timing_rounds=args.timing_rounds,
         timing_batch=args.timing_batch)
     try:
         plan = plan_study(options)
