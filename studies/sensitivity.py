@@ -42,8 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-paired-timing", action="store_true",
                    help="do not re-time the baseline before every evaluation (halves the time; speedups then pair "
                         "with the baseline timed once, which drifts on a loaded machine)")
+    p.add_argument("--timing-repeats", type=int, default=1,
+                   help="interleaved timed repeats of (baseline, arm); each batch keeps its minimum time (default 1)")
     p.add_argument("--classifier", default=None)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's); on a shared CPU use 1: with 2 threads and other processes on the 2 "
+                        "cores, OpenMP spin-waiting made generation 20-70x slower here (MEASURED: 100 %% system time)")
     p.add_argument("--out", default=None, help="output folder (re-use it to resume)")
     p.add_argument("--wandb", choices=("offline", "online", "disabled"), default=None,
                    help="W&B mirror (default $WANDB_MODE, else offline)")
@@ -63,7 +67,8 @@ def main(argv=None) -> int:
         metrics=tuple(args.metrics) if args.metrics else DEFAULT_METRICS,
         eval=EvalSettings(model=args.model, weights=args.weights, samples=args.samples, batch_size=args.batch_size,
                           seed=args.seed, warmup=args.warmup, classifier=args.classifier,
-                          paired_timing=not args.no_paired_timing, threads=args.threads),
+                          paired_timing=not args.no_paired_timing, timing_repeats=args.timing_repeats,
+                          threads=args.threads),
         out=args.out, wandb=wandb_mode)
     try:
         result = run_sensitivity(spec)

@@ -62,8 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-paired-timing", action="store_true",
                    help="do not re-time the baseline before every evaluation (halves the time; speedups then pair "
                         "with the baseline timed once, which drifts on a loaded machine)")
+    p.add_argument("--timing-repeats", type=int, default=1,
+                   help="interleaved timed repeats of (baseline, arm); each batch keeps its minimum time (default 1)")
     p.add_argument("--classifier", default=None, help="testbed classifier weights (default: the shipped file)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: cores / workers)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per worker (default: cores / workers); on a shared CPU use 1: with 2 threads and other processes on the 2 "
+                        "cores, OpenMP spin-waiting made generation 20-70x slower here (MEASURED: 100 %% system time)")
     p.add_argument("--out", default=None, help="output folder (re-use it to resume)")
     p.add_argument("--storage", default=None,
                    help="Optuna storage: default a journal file <out>/study.journal; sqlite:///x.db, "
@@ -106,7 +110,7 @@ def main(argv=None) -> int:
         population=args.population,
         eval=EvalSettings(model=args.model, weights=args.weights, samples=args.samples, batch_size=args.batch_size,
                           seed=args.seed, warmup=args.warmup, classifier=args.classifier,
-                          paired_timing=not args.no_paired_timing,
+                          paired_timing=not args.no_paired_timing, timing_repeats=args.timing_repeats,
                           threads=args.threads if args.workers <= 1 else None),
         out=args.out, storage=args.storage, study_name=args.study_name, wandb=wandb_mode,
         enqueue_default=not args.no_default_trial, timeout=args.timeout)

@@ -16,7 +16,9 @@ Timing on a shared machine: with ``paired_timing`` (the default) every arm is pr
 baseline on the same samples, and ``speedup`` / ``latency_ratio`` pair each arm batch with that run's same batch —
 both see the same machine load, seconds apart (MEASURED here: a baseline timed once at the start of a study drifted by
 2–3x against arms timed minutes later on the shared 2-core CPU). It doubles the generation time; ``paired_timing=False``
-pairs with the cached baseline's timing instead. FLOPs are analytic and need no pairing.
+pairs with the cached baseline's timing instead. ``timing_repeats=k`` interleaves k (baseline, arm) pairs and keeps
+each batch's minimum time (contention only adds time; the outputs of the repeats must be identical). FLOPs are
+analytic and need no pairing.
 
 Summary keys of a record (each a ``Summary`` dict: mean, low, high, n, level, method):
 ``flops_ratio`` (arm FLOPs / baseline FLOPs, paired over batches), ``latency_ratio`` (arm / baseline generate()
@@ -95,6 +97,7 @@ class EvalSettings:
     threads: int | None = None  # torch intra-op threads of this process (None: leave as is)
     profile: bool = True  # ProfilerProbe: analytic FLOPs (incl. logit lens), component timers, memory
     paired_timing: bool = True  # re-time the baseline right before every arm (shared / loaded machines)
+    timing_repeats: int = 1  # timed repetitions of (baseline, arm); each batch's time is the minimum over them
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -163,7 +166,8 @@ class SweepEvaluator:
         self.signature = {"classifier": self.metric_ctx.classifier is not None,
                           "classifier_reason": self.metric_ctx.classifier_reason, "batch_size": settings.batch_size,
                           "warmup": settings.warmup, "profile": settings.profile,
-                          "paired_timing": settings.paired_timing, "evaluator": "sweeps/1"}
+                          "paired_timing": settings.paired_timing, "timing_repeats": settings.timing_repeats,
+                          "evaluator": "sweeps/1"}
         self._base_run: GenerationRun | None = None
         self._base_record: dict | None = None
 
@@ -226,7 +230,7 @@ class SweepEvaluator:
             return found
         self.log(f"baseline: generating {len(self.conditions)} samples on {self.model} "
                  f"(batch {self.settings.batch_size}) ...")
-        run = self._generate(None)
+        run = _min_timing([self._generate(None) for _ in range(max(1, self.settings.timing_repeats))])
         metrics = compute_arm_metrics(run.images, run.images, run.labels, run.tokens, run.tokens, self.metric_ctx,
                                       is_baseline=True)
         record = self._record(config, run, metrics, None)
@@ -254,8 +258,13 @@ class SweepEvaluator:
                     rec.write_json_atomic(json_path, found)
                 return found
         t0 = time.perf_counter()
-        reference = self._generate(None) if self.settings.paired_timing else None
-        run = self._generate(policy)
+        references, runs = [], []
+        for _ in range(max(1, self.settings.timing_repeats)):  # interleaved: baseline, arm, baseline, arm, ...
+            if self.settings.paired_timing:
+                references.append(self._generate(None))
+            runs.append(self._generate(policy))
+        run = _min_timing(runs)
+        reference = _min_timing(references) if references else None
         metrics = compute_arm_metrics(run.images, self._base_run.images, run.labels, run.tokens,
                                       self._base_run.tokens, self.metric_ctx, is_baseline=False)
         record = self._record(config, run, metrics, base, reference)
@@ -280,7 +289,8 @@ class SweepEvaluator:
         for b in run.batches:
             probe = (b.get("probes") or {}).get("profile") or {}
             batches.append({"first_index": b["indices"][0] if b["indices"] else None, "size": b["size"],
-                            "seconds": b["seconds"], "flops": probe.get("flops")})
+                            "seconds": b["seconds"], "seconds_repeats": b.get("seconds_repeats"),
+                            "flops": probe.get("flops")})
         record["timing"].update({
             "batches": batches, "generate_seconds": sum(b["seconds"] for b in batches),
             "predict_wall_seconds": run.wall_seconds, "images": sum(b["size"] for b in batches),
@@ -288,8 +298,8 @@ class SweepEvaluator:
         })
         if reference is not None:
             record["timing"]["reference_batches"] = [
-                {"first_index": b["indices"][0] if b["indices"] else None, "size": b["size"], "seconds": b["seconds"]}
-                for b in reference.batches]
+                {"first_index": b["indices"][0] if b["indices"] else None, "size": b["size"], "seconds": b["seconds"],
+                 "seconds_repeats": b.get("seconds_repeats")} for b in reference.batches]
             same = (reference.images_u8 is not None and self._base_run is not None
                     and torch.equal(reference.images_u8, self._base_run.images_u8))
             record["timing"]["reference_note"] = (
@@ -348,6 +358,22 @@ class SweepEvaluator:
         """Those of ``paths`` that the policy's components did not read in a 2-sample probe generation."""
         reads = knob_reads(self.adapter, policy, samples=2, seed=self.settings.seed, sampling=self.sampling)
         return [p for p in paths if p not in reads]
+
+
+def _min_timing(runs: list[GenerationRun]) -> GenerationRun:
+    """The first run with each batch's seconds replaced by the minimum over the repeats (noise on a shared machine
+    only adds time); the repeats' outputs must be identical (same seeds)."""
+    first = runs[0]
+    if len(runs) == 1:
+        return first
+    for other in runs[1:]:
+        if first.images_u8 is not None and not torch.equal(first.images_u8, other.images_u8):
+            raise RuntimeError("a repeated generation differs from the first (non-deterministic policy?)")
+    batches = []
+    for i, b in enumerate(first.batches):
+        seconds = [r.batches[i]["seconds"] for r in runs]
+        batches.append(dict(b, seconds=min(seconds), seconds_repeats=seconds))
+    return dataclasses.replace(first, batches=batches)
 
 
 @contextlib.contextmanager

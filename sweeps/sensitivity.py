@@ -255,7 +255,13 @@ def plot_sensitivity(frame, path: Path, *, param: str, method: str, default: Any
             if math.isfinite(b):
                 ax.axhline(b, color="black", ls="--", lw=0.8, alpha=0.6)
         if numeric and log_x:
+            from matplotlib.ticker import FuncFormatter, NullFormatter
+
             ax.set_xscale("log")
+            ax.set_xticks(x)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.tick_params(axis="x", labelsize=8)
         ax.set_title(METRICS[metric].label if metric in METRICS else metric, fontsize=10)
         ax.set_xlabel(param)
         ax.set_ylabel("")

@@ -13,7 +13,7 @@ from sweeps.sensitivity import SensitivitySpec, run_sensitivity
 def test_tiny_sensitivity_grid(tmp_path, fixture_dir):
     out = tmp_path / "sens"
     spec = SensitivitySpec("rho", ("0.3", "0.8"), method="ldpruning", wandb="disabled", out=str(out),
-                           eval=EvalSettings(model="official-tiny", samples=4, batch_size=2, warmup=0))
+                           eval=EvalSettings(model="official-tiny", samples=4, batch_size=2, warmup=0, timing_repeats=2))
     result = run_sensitivity(spec, log=lambda m: None)
     for name in ("sensitivity.csv", "sensitivity.json", "sensitivity.png", "arms/baseline.json"):
         assert (out / name).is_file(), name
@@ -28,6 +28,8 @@ def test_tiny_sensitivity_grid(tmp_path, fixture_dir):
     record = json.loads((out / "arms" / "rho=0.3.json").read_text())  # speedup paired with a fresh baseline run
     assert len(record["timing"]["reference_batches"]) == 2 and "reproduced" in record["timing"]["reference_note"]
     assert record["timing"]["reference_note"].endswith("True")  # the re-run baseline is bit-identical
+    for batch in record["timing"]["batches"] + record["timing"]["reference_batches"]:  # min of 2 interleaved repeats
+        assert len(batch["seconds_repeats"]) == 2 and batch["seconds"] == min(batch["seconds_repeats"])
     data = json.loads((out / "sensitivity.json").read_text())
     assert data["field"]["paths"] == ["schedule.rho"] and data["field"]["default"] == 0.5
     again = run_sensitivity(spec, log=lambda m: None)
