@@ -227,20 +227,10 @@ def _attention_backend(device) -> str:
 
 
 def _git() -> dict:
-    root = Path(__file__).resolve().parents[1]
-    info = {"sha": None, "dirty": None}
-    try:
-        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-        if sha.returncode == 0:
-            info["sha"] = sha.stdout.strip()
-            status = subprocess.run(["git", "--no-optional-locks", "-C", str(root), "status", "--porcelain",
-                                     "--untracked-files=no"], capture_output=True, text=True, timeout=20)
-            if status.returncode == 0:
-                info["dirty"] = bool(status.stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return info
+    """Provenance of the report: the same helper the ablation records use."""
+    from var_core.eval.records import git_info
+
+    return git_info(Path(__file__).resolve().parents[1])
 
 
 def _environment(adapter, device, settings: LatencySettings, timer_kind: str, memory_source: str) -> dict:
