@@ -42,7 +42,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
