@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--repeats", type=int, default=3)
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--presets", nargs="*", default=None)
+    pre.add_argument("--threads", type=int, default=None,
+                     help="torch intra-op threads (default: torch's own; 1 gives the steadiest ratios on a shared CPU)")
     args = parser.parse_args(argv)
     if args.what == "engine":
         return bench_engine(args)

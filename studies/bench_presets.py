@@ -6,11 +6,17 @@ measured speedup / FLOPs-ideal speedup, and the time share of entropy work (the 
 logit lens, and the predictive-entropy computations) measured with ``profilers.timers.ComponentTimer``.
 The last line is ``speedup_vs_ideal_min=… entropy_overhead=…`` (the worst token-pruning preset's
 measured/ideal ratio, and NOVA's entropy share of its generation time).
+
+The first generation of every preset is both the warm-up and the run whose kept-token counts give the FLOPs;
+the timed repeats follow, interleaved across presets so that machine drift hits every preset alike. Progress
+goes to stderr, the table to stdout.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
+import time
 
 import torch
 
@@ -26,7 +32,13 @@ TOKEN_PRUNING = ("nova", "fastvar", "ldpruning", "toprovar", "sparsevar", "stage
 ENTROPY_SPANS = ("accel/scorer", "accel/entropy", "lens")
 
 
+def _progress(message: str) -> None:
+    print(f"[bench presets {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def bench_presets(args) -> int:
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
     adapter = load_model(args.model, seed=args.seed)
     sampling = getattr(adapter, "default_sampling", SamplingConfig())
     options = GenerationOptions(check_finite=False, decode=False, keep_raw_logits=True)
@@ -41,15 +53,18 @@ def bench_presets(args) -> int:
 
     flops, results = {}, {}
     for name, policy in policies.items():
+        _progress(f"warm-up + FLOPs: {name}")
         results[name] = generate(adapter, labels, seeds, sampling, policy=policy, options=options)
         flops[name] = count_flops(adapter, results[name], batch_size=B).total
 
     variants = {name: (lambda p=policy: generate(adapter, labels, seeds, sampling, policy=p, options=options))
                 for name, policy in policies.items()}
-    times = interleaved_medians(variants, args.repeats, warmup=1)
+    _progress(f"timing {len(variants)} presets x {args.repeats} interleaved repeats")
+    times = interleaved_medians(variants, args.repeats, warmup=0)
 
     entropy_share = {}
     for name in names:
+        _progress(f"component timers: {name}")
         timer = ComponentTimer()
         generate(adapter, labels, seeds, sampling, policy=policies[name], tracer=timer, options=options)
         table = timer.per_component()

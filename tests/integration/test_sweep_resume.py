@@ -59,8 +59,11 @@ def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fixture_dir):
     from sweeps.optuna_study import make_storage
 
     out = tmp_path / "sweep"
+    # 48 samples per trial (~1-3 s each) leave a wide window in which one trial is complete and the next is in
+    # flight; with 4 samples a trial took 0.2 s and the whole sweep could finish between two polls
+    slow_trials = TINY[:2] + ["--samples", "48", "--batch-size", "16"] + TINY[6:]
     cmd = sweep_cmd("ldpruning", "--param", "rho", "--param", "delta", "--trials", "4", "--out", str(out),
-                    "--wandb", "disabled", "--constraint", "none", *TINY)
+                    "--wandb", "disabled", "--constraint", "none", *slow_trials)
     proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     journal = out / "study.journal"
