@@ -60,22 +60,17 @@ class ProfilerProbe:
         if not self.available:
             return {"note": self.reason}
         out: dict[str, Any] = {}
-        lens_blocks: dict[int, list[int]] = {}
         attention_blocks: dict[int, list[int]] = {}
         if self._timer is not None:
-            frame = self._timer.frame()
             per_component = self._timer.per_component()
             out["component_self_ms"] = {k: float(v) for k, v in per_component["self_ms"].items()}
             out["component_inclusive_ms"] = {k: float(v) for k, v in per_component["inclusive_ms"].items()}
             out["timer"] = self._timer.device_kind
-            if not frame.empty:
-                for row in frame[frame["component"] == "lens"].itertuples():
-                    lens_blocks.setdefault(int(row.scale), []).append(int(row.block))
         if self.want_flops:
             try:
                 from profilers.flops import count_flops
 
-                report = count_flops(adapter, result, batch_size=batch_size, lens_blocks=lens_blocks or None)
+                report = count_flops(adapter, result, batch_size=batch_size)
                 out["flops"] = int(report.total)
                 out["flops_by_component"] = {str(k): int(v) for k, v in
                                              report.frame().groupby("component")["flops"].sum().items()}

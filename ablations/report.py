@@ -159,11 +159,14 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
         doc.append(f"# Ablation `{fam}` on `{base['model']['name']}`\n")
         s = base["sampling"]
         env = base["environment"]
+        processes = env.get("processes") or []
+        # the generating processes' intra-op threads (set per process), not the launcher's
+        threads = processes[0].get("threads") if processes and processes[0].get("threads") else env.get("threads")
         doc.append(f"{base['samples']['n']} samples per arm (labels i mod classes, per-sample seeds from base seed "
                    f"{base['samples']['base_seed']}; sample set {base['samples']['hash']}), sampling cfg={s['cfg']} "
                    f"top_k={s['top_k']} top_p={s['top_p']}; batch {base['timing']['batch_size']}, "
                    f"{base['timing']['warmup_generations']} warm-up generation(s) per process discarded; "
-                   f"{env.get('device_name')} ({env.get('device')}), {env.get('threads')} threads, dtype "
+                   f"{env.get('device_name')} ({env.get('device')}), {threads} threads per process, dtype "
                    f"{env.get('dtype')}, git {(env.get('git') or {}).get('sha', '?')}"
                    + (" (dirty)" if (env.get('git') or {}).get('dirty') else "") + ".\n")
         if plan is not None and plan.notes:

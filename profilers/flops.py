@@ -427,7 +427,8 @@ def count_record_flops(
         batch_size: samples ``B``.
         initial_guidance: the row layout the conditions were encoded with (default: the first record's);
             sets the rows of the once-per-generation ``condition`` cost.
-        lens_blocks: scale → blocks whose output went through the head (logit lens); records do not say it.
+        lens_blocks: scale → blocks whose output went through the head on all ``R`` rows (logit lens); default:
+            each record's ``lens_rows`` (block, rows the lens actually projected), as the loop ran it.
         formulas: override the family formulas (default ``FAMILY_FORMULAS[arch.family]``).
     """
     formulas = formulas or FAMILY_FORMULAS[arch.family]
@@ -442,7 +443,6 @@ def count_record_flops(
     except ValueError:
         attn_index = None
     kv_len = [0] * arch.depth
-    lens_blocks = lens_blocks or {}
     for record in records:
         if record.skipped:
             continue
@@ -460,8 +460,11 @@ def count_record_flops(
             for branch, n in zip(arch.branches, counts):
                 L = kv_len[block] if branch == "attn" else (arch.text_len if branch == "cross" else 0)
                 report.add(si, block, branch, formulas.branch(arch, branch, R, n, kv_len[block]), R, n, L)
-        for block in sorted(lens_blocks.get(si, ())):
-            report.add(si, block, "lens", formulas.head(arch, R, N), R, N)
+        lens = ([(block, R) for block in sorted(lens_blocks.get(si, ()))] if lens_blocks is not None
+                else record.lens_rows)
+        for block, rows in lens:
+            if rows:
+                report.add(si, block, "lens", formulas.head(arch, rows, N), rows, N)
         report.add(si, -1, "head", formulas.head(arch, R, N), R, N)
         report.add(si, -1, "latent_update", formulas.latent_update(arch, si, batch_size), batch_size, N)
     return report

@@ -307,15 +307,10 @@ def _reference_run(adapter, conditions, seeds, sampling, policy, options, device
                           tracer=CompositeTracer(timer, peak), options=options)
     if cuda:  # the tracer resets the peak counter at every scale: combine its per-scale peaks with the rest
         run.overall_peak_bytes = max(int(torch.cuda.max_memory_allocated(device)), peak.report().peak_bytes)
-    frame = timer.frame()
-    lens = frame[frame["component"] == "lens"]
-    lens_blocks: dict[int, set[int]] = {}
-    for scale, block in zip(lens["scale"], lens["block"]):
-        lens_blocks.setdefault(int(scale), set()).add(int(block))
     text_len = None
     if adapter.family == "infinity":
         text_len = infinity_text_len(adapter, conditions, sampling.cfg)
-    run.flops = count_flops(adapter, result, batch_size=batch, include_decode=True, lens_blocks=lens_blocks,
+    run.flops = count_flops(adapter, result, batch_size=batch, include_decode=True,
                             text_len=text_len)
     weights = model_weight_bytes(adapter)
     arch = run.flops.arch

@@ -299,3 +299,30 @@ def test_zoo_specs():
     assert ZOO["var-d16"].var_config.total_tokens == 680 and ZOO["var-d16"].var_config.embed_dim == 1024
     assert ZOO["var-d36"].var_config.shared_aln and ZOO["var-d36"].var_config.total_tokens == 2240
     assert ZOO["var-d30"].var_config.num_heads == 30
+
+
+def test_lens_probe_mixes_cfg_rows_before_the_head(tiny_adapter):
+    """Guided lens logits from mixed head features equal the mixture of both halves' full logits."""
+    from var_core.engine import LensProbe
+
+    captured = {}
+
+    class Capture(Policy):
+        def plan_scale(self, ctx):
+            return ScalePlan(lens_blocks=frozenset({0}) if ctx.scale_index == 3 else frozenset())
+
+        def observe_lens(self, ctx, block, lens):
+            captured["probe"], captured["B"] = lens, ctx.batch_size
+
+    generate(tiny_adapter, torch.tensor([1, 6]), seeds=[3, 4], sampling=SAMPLED, policy=Capture())
+    probe, B = captured["probe"], captured["B"]
+    assert probe.both_halves and probe.rows == 2 * B
+    wc, wu = torch.tensor([2.5, 1.0]), torch.tensor([-1.5, 0.0])
+    mixed = probe.mixed_logits(wc, wu)  # computed before the full logits: the feature path
+    cond = probe.cond_logits()
+    full = probe.logits()
+    expected = wc.view(B, 1, 1) * full[:B] + wu.view(B, 1, 1) * full[B:]
+    assert mixed.shape == expected.shape and torch.allclose(mixed, expected, atol=1e-4)
+    assert torch.allclose(cond, full[:B], atol=1e-5)
+    fallback = LensProbe.of_logits(full, B)  # no head parts: combines the full logits
+    assert torch.allclose(fallback.mixed_logits(wc, wu), expected)

@@ -240,6 +240,29 @@ def test_flops_match_flop_counter_with_pruning(small_adapter, cond_only_from):
         assert (frame.loc[(frame["scale"] < cond_only_from) & (frame["block"] >= 0), "rows"] == 2).all()
 
 
+@pytest.mark.parametrize("combine", ["guided", "cond", "per_row"])
+def test_flops_follow_the_lens_rows_actually_projected(small_adapter, combine):
+    """The logit lens counts what it projected: the guided mixture and the cond rows project B rows, not 2B."""
+    from var_core.accel.lens import record_lens_entropy
+    from var_core.engine import Policy, ScalePlan
+
+    class Lens(Policy):
+        def start(self, info):
+            self.signals = type("S", (), {"lens_entropy": {}, "extras": {}})()
+
+        def plan_scale(self, ctx):
+            return ScalePlan(lens_blocks=frozenset(range(ctx.num_blocks)) if ctx.scale_index >= 2 else frozenset())
+
+        def observe_lens(self, ctx, block, lens):
+            record_lens_entropy(self.signals, ctx, block, lens, combine, guidance_scale=1.5)
+
+    report, result, _ = _check_flops(small_adapter, [1, 4], policy=Lens())
+    lens = report.frame().query("component == 'lens'")
+    expected_rows = 4 if combine == "per_row" else 2
+    assert len(lens) and (lens["rows"] == expected_rows).all()
+    assert all(rows == expected_rows for r in result.records[2:] for _, rows in r.lens_rows)
+
+
 def test_decode_flops_and_arch(small_adapter):
     arch = arch_from_adapter(small_adapter)
     assert (arch.depth, arch.embed_dim, arch.head_out, arch.branches) == (2, 64, 64, ("attn", "ffn"))

@@ -23,6 +23,7 @@ from typing import ClassVar
 import torch
 
 from ..engine.context import GenerationInfo, GuidanceMode, ScaleContext, ScaleRecord
+from ..engine.lens_probe import LensProbe
 from .entropy import predictive_entropy
 from .knobs import ComponentConfig
 
@@ -112,7 +113,7 @@ class Component:
                           keep_Rn: torch.Tensor | None, signals: Signals) -> None:
         pass
 
-    def observe_lens(self, ctx: ScaleContext, block: int, logits_RNV: torch.Tensor, signals: Signals) -> None:
+    def observe_lens(self, ctx: ScaleContext, block: int, lens: LensProbe, signals: Signals) -> None:
         pass
 
     def observe_block(self, ctx: ScaleContext, block: int, x_in_RNC: torch.Tensor, x_out_RNC: torch.Tensor,

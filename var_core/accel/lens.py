@@ -1,9 +1,12 @@
 """Logit-lens token entropy per block (NOVA §2.1, layer entropy; RECONSTRUCTED), shared by components.
 
-The loop calls ``observe_lens(ctx, block, logits_RNV)`` with the model head applied to the OUTPUT of ``block``
-(the full ``[R, N, C]`` hidden state, pruned slots already restored), i.e. the hidden state ENTERING block
-``block + 1``. :func:`record_lens_entropy` turns those logits into a token-entropy map and stores it once in
-``signals.lens_entropy[(si, block)]`` (float32 ``[B, N]``, or ``[R, N]`` for ``combine="per_row"``).
+The loop calls ``observe_lens(ctx, block, lens)`` with a :class:`~var_core.engine.lens_probe.LensProbe` of the
+model head on the OUTPUT of ``block`` (the full ``[R, N, C]`` hidden state, pruned slots already restored), i.e.
+the hidden state ENTERING block ``block + 1``. :func:`record_lens_entropy` turns it into a token-entropy map and
+stores it once in ``signals.lens_entropy[(si, block)]`` (float32 ``[B, N]``, or ``[R, N]`` for
+``combine="per_row"``). Only what ``combine`` needs is projected: ``guided`` mixes the two CFG halves' head
+features and projects ``B`` rows (half the head FLOPs of projecting both halves), ``cond`` projects the ``B``
+conditional rows, ``mean`` and ``per_row`` project every row.
 
 How the CFG halves are combined is a RECONSTRUCTED choice (specs/methods.md §2.1: "CFG-combined if both branches
 are present"); ``combine`` selects it:
@@ -36,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from ..engine.context import GuidanceMode, ScaleContext
+from ..engine.lens_probe import LensProbe
 from .base import Signals
 from .entropy import predictive_entropy
 
@@ -79,22 +83,26 @@ def guidance_weights(ctx: ScaleContext, signals: Signals, guidance_scale: float 
     return alpha, beta
 
 
-def lens_entropy(ctx: ScaleContext, signals: Signals, logits_RNV: torch.Tensor, combine: str = "guided",
+def lens_entropy(ctx: ScaleContext, signals: Signals, lens: LensProbe | torch.Tensor, combine: str = "guided",
                  guidance_scale: float | None = None, temperature: float = 1.0) -> torch.Tensor:
-    """Token entropy of lens logits, CFG rows combined per ``combine`` (``[B, N]``, or ``[R, N]`` for per_row)."""
+    """Token entropy of the lens, CFG rows combined per ``combine`` (``[B, N]``, or ``[R, N]`` for per_row).
+
+    ``lens`` is the loop's :class:`LensProbe` (or logits ``[R, N, V]`` already computed)."""
     if combine not in LENS_COMBINES:
         raise ValueError(f"unknown lens combine {combine!r}; choose one of {LENS_COMBINES}")
     family, B = ctx.family, ctx.batch_size
-    if logits_RNV.shape[0] == B or combine == "per_row":
-        return predictive_entropy(logits_RNV, family)
-    cond, uncond = logits_RNV[:B].float(), logits_RNV[B:].float()
+    if isinstance(lens, torch.Tensor):
+        lens = LensProbe.of_logits(lens, B)
+    if not lens.both_halves or combine == "per_row":
+        return predictive_entropy(lens.logits(), family)
     if combine == "cond":
-        return predictive_entropy(cond, family)
+        return predictive_entropy(lens.cond_logits(), family)
     if combine == "mean":
-        return 0.5 * (predictive_entropy(cond, family) + predictive_entropy(uncond, family))
+        logits = lens.logits().float()
+        return 0.5 * (predictive_entropy(logits[:B], family) + predictive_entropy(logits[B:], family))
     alpha, beta = guidance_weights(ctx, signals, guidance_scale, temperature)
-    alpha, beta = alpha.to(cond.device).view(B, 1, 1), beta.to(cond.device).view(B, 1, 1)
-    return predictive_entropy(alpha * uncond + beta * (cond - uncond), family)
+    # α·ℓ_u + β·(ℓ_c − ℓ_u) = β·ℓ_c + (α − β)·ℓ_u
+    return predictive_entropy(lens.mixed_logits(beta, alpha - beta), family)
 
 
 def _store(signals: Signals, settings: tuple) -> dict:
@@ -103,7 +111,7 @@ def _store(signals: Signals, settings: tuple) -> dict:
     return signals.extras.setdefault(LENS_VARIANTS_KEY, {}).setdefault(settings, {})
 
 
-def record_lens_entropy(signals: Signals, ctx: ScaleContext, block: int, logits_RNV: torch.Tensor,
+def record_lens_entropy(signals: Signals, ctx: ScaleContext, block: int, lens: LensProbe | torch.Tensor,
                         combine: str = "guided", guidance_scale: float | None = None, temperature: float = 1.0
                         ) -> torch.Tensor:
     """Store (once) and return the lens entropy of the hidden state AFTER ``block`` (= entering ``block + 1``):
@@ -111,7 +119,7 @@ def record_lens_entropy(signals: Signals, ctx: ScaleContext, block: int, logits_
     store = _store(signals, (combine, guidance_scale, temperature))
     key = (ctx.scale_index, block)
     if key not in store:
-        store[key] = lens_entropy(ctx, signals, logits_RNV, combine, guidance_scale, temperature)
+        store[key] = lens_entropy(ctx, signals, lens, combine, guidance_scale, temperature)
     return store[key]
 
 

@@ -219,9 +219,9 @@ class AccelPolicy(Policy):
         for part in self.parts.values():
             part.observe_block(ctx, block, x_in_RNC, x_out_RNC, self.signals)
 
-    def observe_lens(self, ctx, block, logits_RNV):
+    def observe_lens(self, ctx, block, lens):
         for part in self.parts.values():
-            part.observe_lens(ctx, block, logits_RNV, self.signals)
+            part.observe_lens(ctx, block, lens, self.signals)
 
     def observe_logits(self, ctx, raw_logits_RNV):
         for part in self.parts.values():

@@ -50,6 +50,7 @@ class ScaleRecord:
     guided_logits_BNV: torch.Tensor | None = None  # the logits the sampler saw (after guidance, before top-k/p)
     raw_logits_RNV: torch.Tensor | None = None  # head output per computed row, before guidance
     kept_tokens: tuple[tuple[int, ...], ...] = ()  # per block, per branch: tokens actually computed
+    lens_rows: tuple[tuple[int, int], ...] = ()  # (block, rows projected by the head) of each logit-lens probe
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 
 from .adapters.base import ModelAdapter, row_slice_after_drop
 from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
+from .lens_probe import LensProbe
 from .policy import Policy, TokenSelection, gather_tokens
 from .sampling import SamplingConfig
 from .tracing import NULL_TRACER, Tracer
@@ -131,6 +132,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     with tracer.span("embed", si):
         x_RNC = adapter.scale_input(state, si)
     kept_counts: list[tuple[int, ...]] = []
+    lens_rows: list[tuple[int, int]] = []
     for block in range(ctx.num_blocks):
         x_in_RNC = x_RNC
         want_probs = block in plan.attention_blocks
@@ -162,7 +164,10 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
             policy.observe_block(ctx, block, x_in_RNC, x_RNC)
         if block in plan.lens_blocks:
             with tracer.span("lens", si, block):
-                policy.observe_lens(ctx, block, adapter.logits(state, x_RNC))
+                lens = LensProbe(lambda x=x_RNC: adapter.logits(state, x), ctx.batch_size, x_RNC.shape[0],
+                                 head_parts=lambda x=x_RNC: adapter.head_parts(state, x))
+                policy.observe_lens(ctx, block, lens)
+                lens_rows.append((block, lens.projected_rows))
     with tracer.span("head", si):
         raw_logits_RNV = adapter.logits(state, x_RNC)
     if options.check_finite and not bool(torch.isfinite(raw_logits_RNV).all()):
@@ -181,5 +186,5 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     return ScaleRecord(
         si, ctx.hw, skipped=False, guidance=ctx.guidance, tokens_BN=tokens, residual_BChw=residual,
         guided_logits_BNV=guided_BNV, raw_logits_RNV=raw_logits_RNV if options.keep_raw_logits else None,
-        kept_tokens=tuple(kept_counts),
+        kept_tokens=tuple(kept_counts), lens_rows=tuple(lens_rows),
     )

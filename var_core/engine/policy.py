@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 
 from .context import DENSE_PLAN, GenerationInfo, ScaleContext, ScalePlan, ScaleRecord
+from .lens_probe import LensProbe
 
 
 class TokenSelection(NamedTuple):
@@ -92,7 +93,9 @@ class Policy:
     def observe_block(self, ctx: ScaleContext, block: int, x_in_RNC: torch.Tensor, x_out_RNC: torch.Tensor) -> None:
         pass
 
-    def observe_lens(self, ctx: ScaleContext, block: int, logits_RNV: torch.Tensor) -> None:
+    def observe_lens(self, ctx: ScaleContext, block: int, lens: LensProbe) -> None:
+        """The head on ``block``'s output, computed lazily: ``lens.logits()`` (every row), ``lens.cond_logits()``,
+        ``lens.mixed_logits(w_cond, w_uncond)`` (guided mixtures at half the head cost)."""
         pass
 
     def observe_logits(self, ctx: ScaleContext, raw_logits_RNV: torch.Tensor) -> None:

@@ -168,7 +168,7 @@ def layer_linkage_needs(ctx, signals: Signals) -> Needs:
     return Needs(lens_blocks=lens_blocks_needed(ctx.num_blocks))
 
 
-def layer_linkage_observe(ctx, block: int, logits_RNV: torch.Tensor, signals: Signals) -> None:
+def layer_linkage_observe(ctx, block: int, lens, signals: Signals) -> None:
     """Record the lens entropy (shared definition of ``var_core.accel.lens``: guided CFG combination)."""
     if block in lens_blocks_needed(ctx.num_blocks) and may_prune_at(ctx.scale_index, signals):
-        record_lens_entropy(signals, ctx, block, logits_RNV)
+        record_lens_entropy(signals, ctx, block, lens)

@@ -54,8 +54,8 @@ class DualLinkage(Schedule):
     def needs(self, ctx, signals: Signals):
         return layer_linkage_needs(ctx, signals)
 
-    def observe_lens(self, ctx, block, logits_RNV, signals: Signals) -> None:
-        layer_linkage_observe(ctx, block, logits_RNV, signals)
+    def observe_lens(self, ctx, block, lens, signals: Signals) -> None:
+        layer_linkage_observe(ctx, block, lens, signals)
 
     def prunes_scale(self, ctx, signals) -> bool:
         return bool(started_B(ctx, signals).any())

@@ -56,10 +56,10 @@ class EntropyScorer(Scorer):
             return NO_NEEDS
         return Needs(lens_blocks=frozenset(range(ctx.num_blocks - 1)))
 
-    def observe_lens(self, ctx, block, logits_RNV, signals: Signals) -> None:
+    def observe_lens(self, ctx, block, lens, signals: Signals) -> None:
         if self.config.source == "lens":
             cfg = self.config
-            record_lens_entropy(signals, ctx, block, logits_RNV, cfg.lens_rows, cfg.guidance_scale, cfg.temperature)
+            record_lens_entropy(signals, ctx, block, lens, cfg.lens_rows, cfg.guidance_scale, cfg.temperature)
 
     def previous_scores(self, ctx, signals: Signals, device: torch.device) -> torch.Tensor:
         """``[B, N]`` the last computed scale's entropy map on the current grid (0 when there is none)."""

@@ -97,6 +97,12 @@ class ModelAdapter(ABC):
     def logits(self, state: Any, x_RNC: torch.Tensor) -> torch.Tensor:
         """Head output ``[R, N, V]`` (also used for the logit lens on intermediate hidden states)."""
 
+    def head_parts(self, state: Any, x_RNC: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Linear] | None:
+        """``(features_RNC, linear)`` with ``logits == linear(features)``: the head's normalised input and its affine
+        layer, so a lens can mix CFG rows before the (costly) projection (see ``engine.lens_probe``). None: the
+        family's head is not affine in one feature tensor; lens mixtures then combine full logits."""
+        return None
+
     @abstractmethod
     def guide(self, state: Any, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig,
               cond_only_B: torch.Tensor | None = None) -> torch.Tensor:

@@ -288,6 +288,9 @@ class InfinityAdapter(ModelAdapter):
     def logits(self, state: InfinityState, x_RNC: torch.Tensor) -> torch.Tensor:
         return self.model.logits(x_RNC, state.cond_RD)
 
+    def head_parts(self, state: InfinityState, x_RNC: torch.Tensor):
+        return self.model.head_nm(x_RNC, state.cond_RD), self.model.head
+
     def guide(self, state: InfinityState, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig,
               cond_only_B: torch.Tensor | None = None) -> torch.Tensor:
         scaled = logits_RNV.mul(1 / sampling.temperature)
