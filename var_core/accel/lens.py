@@ -40,6 +40,7 @@ import torch
 
 from ..engine.context import GuidanceMode, ScaleContext
 from ..engine.lens_probe import LensProbe
+from ..engine.tracing import NULL_TRACER
 from .base import Signals
 from .entropy import predictive_entropy
 
@@ -93,16 +94,20 @@ def lens_entropy(ctx: ScaleContext, signals: Signals, lens: LensProbe | torch.Te
     family, B = ctx.family, ctx.batch_size
     if isinstance(lens, torch.Tensor):
         lens = LensProbe.of_logits(lens, B)
-    if not lens.both_halves or combine == "per_row":
-        return predictive_entropy(lens.logits(), family)
-    if combine == "cond":
-        return predictive_entropy(lens.cond_logits(), family)
-    if combine == "mean":
-        logits = lens.logits().float()
-        return 0.5 * (predictive_entropy(logits[:B], family) + predictive_entropy(logits[B:], family))
-    alpha, beta = guidance_weights(ctx, signals, guidance_scale, temperature)
-    # α·ℓ_u + β·(ℓ_c − ℓ_u) = β·ℓ_c + (α − β)·ℓ_u
-    return predictive_entropy(lens.mixed_logits(beta, alpha - beta), family)
+    # the head projection runs in the loop's "lens" span; the entropy itself in "accel/entropy"
+    tracer = getattr(getattr(signals, "info", None), "tracer", None) or NULL_TRACER
+    if not lens.both_halves or combine == "per_row" or combine == "mean":
+        logits = lens.logits()
+    elif combine == "cond":
+        logits = lens.cond_logits()
+    else:
+        alpha, beta = guidance_weights(ctx, signals, guidance_scale, temperature)
+        # α·ℓ_u + β·(ℓ_c − ℓ_u) = β·ℓ_c + (α − β)·ℓ_u
+        logits = lens.mixed_logits(beta, alpha - beta)
+    with tracer.span("accel/entropy", ctx.scale_index):
+        if combine == "mean" and lens.both_halves:
+            return 0.5 * (predictive_entropy(logits[:B], family) + predictive_entropy(logits[B:], family))
+        return predictive_entropy(logits, family)
 
 
 def _store(signals: Signals, settings: tuple) -> dict:
