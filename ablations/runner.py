@@ -242,7 +242,7 @@ def _timing(run: GenerationRun, seed: int) -> dict:
         if notes:
             out["profiler_note"] = "; ".join(sorted(notes))
     else:
-        out["profiler_note"] = "no profiler attached (wall-clock per batch only)"  # TODO hook: profilers
+        out["profiler_note"] = "no profiler attached (wall-clock per batch only)"
     return out
 
 
@@ -382,6 +382,27 @@ def _metric_signature(ctx: MetricContext) -> dict:
 
 
 # ----- the study -------------------------------------------------------------------------------------------
+def _check_arms_on_model(available: list[Arm], unavailable: list[Arm], adapter, sampling, model: str,
+                         log: Callable[[str], None]) -> tuple[list[Arm], list[Arm]]:
+    """Ask every arm's components whether they fit this model (``Component.check_model``) before anything is
+    generated; an arm that does not is reported as unavailable with the reason and the fix, and the others run."""
+    from var_core.accel import build_policy
+    from var_core.engine.loop import generation_info
+
+    info = generation_info(adapter, 1, adapter.initial_guidance(sampling), sampling=sampling)
+    fit, unfit = [], []
+    for arm in available:
+        policy = build_policy(arm.config) if arm.role != "baseline" else None
+        try:
+            if policy is not None and hasattr(policy, "check_model"):
+                policy.check_model(info)
+            fit.append(arm)
+        except ValueError as exc:
+            unfit.append(dataclasses.replace(arm, error=f"cannot run on {model}: {exc}"))
+            log(f"arm {arm.name!r} is unavailable here and is skipped: {unfit[-1].error}")
+    return fit, unavailable + unfit
+
+
 def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: StudyPlan | None = None
               ) -> StudyResult:
     started = time.perf_counter()
@@ -404,6 +425,7 @@ def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: S
     # loaded on the CPU: Lightning moves the modules to each process's device
     adapter = load_model(plan.model, weights=plan.weights, dtype=dtype, device="cpu")
     sampling = resolve_sampling(adapter, plan.model, plan.weights)
+    available, unavailable = _check_arms_on_model(available, unavailable, adapter, sampling, plan.model, log)
     num_classes = int(getattr(getattr(adapter, "cfg", None), "num_classes", 1) or 1)
     conditions = ConditionSet.balanced(options.samples, num_classes, options.seed)
     metric_ctx = MetricContext.build(adapter, classifier_path=options.classifier,

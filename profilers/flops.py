@@ -477,10 +477,12 @@ def count_flops(adapter_or_arch, result, batch_size: int | None = None, include_
 
     ``adapter_or_arch``: the engine adapter (its :class:`ArchSpec` is derived) or an :class:`ArchSpec`.
     ``include_decode`` adds the VQ decoder's FLOPs, measured with ``FlopCounterMode`` on fake tensors (needs
-    the adapter). ``text_len`` (Infinity, required there unless the ArchSpec has it): the run's padded text
-    length, see :func:`infinity_text_len`.
+    the adapter). ``text_len`` (Infinity): the run's padded text length; default: the ``context_length`` the
+    result recorded (see also :func:`infinity_text_len`).
     """
     arch = adapter_or_arch if isinstance(adapter_or_arch, ArchSpec) else arch_from_adapter(adapter_or_arch)
+    if text_len is None:
+        text_len = getattr(result, "context_length", None)
     if text_len is not None:
         arch = dataclasses.replace(arch, text_len=int(text_len))
     if "cross" in arch.branches and arch.text_len <= 0:

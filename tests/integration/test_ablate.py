@@ -233,3 +233,23 @@ def test_changed_metric_context_recomputes_metrics_not_samples(tmp_path):
     assert after["metrics"]["signature"] != before["metrics"]["signature"]
     assert after["metrics"]["per_sample"]["psnr"] == before["metrics"]["per_sample"]["psnr"]
     assert "no-such-classifier" in after["metrics"]["unavailable"]["class_correct"]
+
+
+def test_method_family_on_infinity_tiny_end_to_end(tmp_path):
+    """The whole pipeline on the text-to-image family: every preset that fits the 5-scale schedule runs (with FLOPs
+    from the recorded text length); ToProVAR's paper s_rep=6 does not fit and is reported with its fix, and
+    ``--set schedule.s_rep=3`` makes it run."""
+    options = dict(model="random:infinity-tiny", samples=2, batch_size=2, warmup=0, progress=False, seed=0,
+                   threads=1, wandb="disabled", plots=False, timing_rounds=0, family="method")
+    logs: list[str] = []
+    result = run_study(StudyOptions(out=str(tmp_path / "a"), **options), log=logs.append)
+    assert [a.name for a in result.unavailable] == ["toprovar"]
+    assert "--set schedule.s_rep=" in result.unavailable[0].error
+    assert {r["arm"] for r in result.records} == {"baseline", "nova", "fastvar", "ldpruning", "sparsevar",
+                                                  "skipvar", "stagevar"}
+    for record in result.records:
+        assert record["metrics"]["set_level"] is not None
+        assert record["timing"].get("flops_per_image"), record["timing"]
+    fixed = run_study(StudyOptions(out=str(tmp_path / "b"), arms=("toprovar",), overrides=("schedule.s_rep=3",),
+                                   **options), log=logs.append)
+    assert not fixed.unavailable and {r["arm"] for r in fixed.records} == {"baseline", "toprovar"}

@@ -7,6 +7,8 @@ The prompts are encoded before the measured region (the text encoder is not part
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -63,6 +65,8 @@ def _measured_and_analytic(adapter, policy=None):
     T = infinity_text_len(adapter, text, GREEDY.cfg)
     assert T == text.features.shape[1]
     report = count_flops(adapter, box["result"], text_len=T)
+    assert box["result"].context_length == T
+    assert count_flops(adapter, box["result"]).total == report.total  # the recorded context length by default
     return measured, per_op, report, box["result"]
 
 
@@ -81,6 +85,7 @@ def test_arch_from_infinity_adapter(tiny):
 def test_count_flops_requires_text_len(tiny):
     text = tiny.encode_prompts(PROMPTS[:1])
     result = generate(tiny, text, seeds=[0], sampling=GREEDY, options=NO_DECODE)
+    result = dataclasses.replace(result, context_length=None)  # e.g. a result built by other code
     with pytest.raises(ValueError, match="text_len"):
         count_flops(tiny, result)
 

@@ -102,6 +102,10 @@ class Component:
                             f"got {type(self.config).__qualname__}")
 
     # lifecycle ------------------------------------------------------------------------------------------
+    def check_model(self, info: GenerationInfo) -> None:
+        """Raise ``ValueError`` (saying how to fix it) if this configuration cannot run on the model ``info``
+        describes — e.g. a scale number beyond its schedule. Studies call it for every arm before generating."""
+
     def start(self, info: GenerationInfo, signals: Signals) -> None:
         """Reset per-generation state (called before every generation)."""
 

@@ -127,6 +127,14 @@ class AccelPolicy(Policy):
         self.history: list[dict] = []  # per-scale diagnostics of the last generation
 
     # lifecycle -----------------------------------------------------------------------------------------
+    def check_model(self, info: GenerationInfo) -> None:
+        """Raise ``ValueError`` naming the component if any part cannot run on the model ``info`` describes."""
+        for kind, part in self.parts.items():
+            try:
+                part.check_model(info)
+            except ValueError as exc:
+                raise ValueError(f"{kind} {type(part).__name__}: {exc}") from None
+
     def start(self, info: GenerationInfo) -> None:
         self.signals = Signals(info)
         self._tracer = info.tracer

@@ -33,6 +33,7 @@ class GenerationResult:
     records: tuple[ScaleRecord, ...]
     latent: torch.Tensor  # the accumulated f_hat (VAR) / summed codes (Infinity)
     stopped_at: int | None = None  # index of the first scale not generated when a policy stopped early
+    context_length: int | None = None  # cross-attention context length (Infinity: padded text tokens), for FLOPs
 
     @property
     def tokens(self) -> list[torch.Tensor | None]:
@@ -61,6 +62,14 @@ def _make_generators(seeds: Sequence[int] | None, batch_size: int, device: torch
 
 
 @torch.inference_mode()
+def generation_info(adapter: ModelAdapter, batch_size: int, guidance: GuidanceMode, tracer: Tracer = NULL_TRACER,
+                    sampling: SamplingConfig | None = None) -> GenerationInfo:
+    """What ``Policy.start`` receives for a generation of ``batch_size`` samples on ``adapter`` (also used to
+    check a policy against a model before any generation)."""
+    return GenerationInfo(batch_size, adapter.num_scales, adapter.num_blocks, adapter.branches, adapter.scale_hw,
+                          adapter.family, guidance, tracer, sampling)
+
+
 def generate(
     adapter: ModelAdapter,
     conditions: Any,
@@ -88,8 +97,7 @@ def generate(
     offsets = adapter.token_offsets()
     records: list[ScaleRecord] = []
     stopped_at = None
-    policy.start(GenerationInfo(B, adapter.num_scales, adapter.num_blocks, branches, adapter.scale_hw,
-                                adapter.family, guidance, tracer, sampling))
+    policy.start(generation_info(adapter, B, guidance, tracer, sampling))
     try:
         with adapter.kv_cache() as cache:
             for si, hw in enumerate(adapter.scale_hw):
@@ -123,7 +131,8 @@ def generate(
                 images = adapter.decode(state)
     finally:
         policy.end()
-    return GenerationResult(images, tuple(records), adapter.latent(state), stopped_at)
+    return GenerationResult(images, tuple(records), adapter.latent(state), stopped_at,
+                            adapter.context_length(state))
 
 
 def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Policy, cache, tracer: Tracer,

@@ -175,10 +175,15 @@ class ToProVARGate(Schedule):
         return None
 
     # ------------------------------------------------------------------------------------------------ slots
+    def check_model(self, info) -> None:
+        if self.config.s_rep >= info.num_scales:
+            raise ValueError(
+                f"s_rep={self.config.s_rep} but the model has {info.num_scales} scales: the representative scale "
+                f"(1-indexed) must come before the last one so that later scales can be pruned (the paper's 6 "
+                f"assumes Infinity's 13-scale schedule); pass e.g. --set schedule.s_rep={max(1, info.num_scales - 2)}")
+
     def start(self, info, signals: Signals) -> None:
-        if self.config.s_rep > info.num_scales:
-            raise ValueError(f"schedule 'toprovar_gate': s_rep={self.config.s_rep} but the model has only "
-                             f"{info.num_scales} scales (s_rep is a 1-indexed scale number)")
+        self.check_model(info)
         signals.extras[EXTRAS_KEY] = dict(R_BL=None, sigma_ratio_BL=None, prune_fraction={})
 
     def needs(self, ctx, signals: Signals) -> Needs:

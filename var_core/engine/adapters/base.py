@@ -97,6 +97,10 @@ class ModelAdapter(ABC):
     def logits(self, state: Any, x_RNC: torch.Tensor) -> torch.Tensor:
         """Head output ``[R, N, V]`` (also used for the logit lens on intermediate hidden states)."""
 
+    def context_length(self, state: Any) -> int | None:
+        """Length of the cross-attention context a generation attended to (None: no cross-attention)."""
+        return None
+
     def head_parts(self, state: Any, x_RNC: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Linear] | None:
         """``(features_RNC, linear)`` with ``logits == linear(features)``: the head's normalised input and its affine
         layer, so a lens can mix CFG rows before the (costly) projection (see ``engine.lens_probe``). None: the

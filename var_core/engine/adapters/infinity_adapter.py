@@ -288,6 +288,9 @@ class InfinityAdapter(ModelAdapter):
     def logits(self, state: InfinityState, x_RNC: torch.Tensor) -> torch.Tensor:
         return self.model.logits(x_RNC, state.cond_RD)
 
+    def context_length(self, state: InfinityState) -> int | None:
+        return int(state.text_mask_RL.shape[1])
+
     def head_parts(self, state: InfinityState, x_RNC: torch.Tensor):
         return self.model.head_nm(x_RNC, state.cond_RD), self.model.head
 
