@@ -33,10 +33,14 @@ def interpolate_tokens(y_RNC: torch.Tensor, src_hw: tuple[int, int], dst_hw: tup
     dtype = y_RNC.dtype
     # CPU half-precision interpolation kernels are incomplete: compute in fp32 there.
     work = y_RNC.float() if (y_RNC.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16)) else y_RNC
-    grid_RChw = work.transpose(1, 2).reshape(R, C, h, w)
+    # A token map IS a channels-last image: view it as one (no copy) and keep the output channels-last, so the
+    # result reshapes back to tokens without a copy. The NCHW-transposed form took PyTorch's generic strided
+    # kernels (25x slower at R = 1, e.g. a sample whose guidance was dropped).
+    grid_RChw = work.reshape(R, h, w, C).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
     kwargs = dict(align_corners=False) if mode == "bilinear" else {}
     out = F.interpolate(grid_RChw, size=tuple(dst_hw), mode=mode, **kwargs)
-    return out.flatten(2).transpose(1, 2).to(dtype)  # [R, h'·w', C]
+    out = out.contiguous(memory_format=torch.channels_last)
+    return out.permute(0, 2, 3, 1).reshape(R, dst_hw[0] * dst_hw[1], C).to(dtype)  # [R, h'·w', C]
 
 
 def rows_for_now(y_RNC: torch.Tensor, recorded: GuidanceMode, now: GuidanceMode, batch_size: int) -> torch.Tensor:
