@@ -50,7 +50,8 @@ from typing import Any
 
 import torch
 
-ENTROPY_COMPONENTS = ("accel/scorer", "accel/entropy", "lens")  # as studies.bench_presets.ENTROPY_SPANS
+# entropy work: the components' scoring spans (studies.bench_presets.SCORING_SPANS) plus NOVA's lens projection
+ENTROPY_COMPONENTS = ("accel/scorer", "accel/entropy", "lens")
 PROMPTS = (
     "a red cat sitting on a sofa", "a lighthouse at dusk, oil painting", "two dogs playing in the snow",
     "a bowl of ramen, studio photo", "a futuristic city skyline at night", "an astronaut riding a horse",
@@ -129,20 +130,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def resolve_model(name: str | None, weights: str | None) -> tuple[str, list[str]]:
-    from var_core.models.zoo import TESTBED_DIR
-
-    notes = []
-    if name is None:
-        if weights is not None or (TESTBED_DIR / "testbed.json").is_file():
-            name = "testbed"
-        else:
-            name = "official-tiny"
-            notes.append(f"the testbed's weights are not shipped yet ({TESTBED_DIR / 'testbed.json'} is missing): "
-                         f"using 'official-tiny' (the official-code fixture's tiny random VAR)")
-    return name, notes
-
-
 def resolve_sampling(adapter, model: str, weights: str | None):
     from var_core.engine import SamplingConfig
 
@@ -200,19 +187,6 @@ class _AdapterTracer:
             self.adapter.tracer = self.old
 
 
-def _device_name(device) -> str:
-    device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
 def _attention_backend(device) -> str:
     text = "torch.nn.functional.scaled_dot_product_attention"
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
@@ -237,6 +211,8 @@ def _environment(adapter, device, settings: LatencySettings, timer_kind: str, me
     Lightning)."""
     from importlib import metadata
 
+    from var_core.eval.records import device_name
+
     packages = {"python": sys.version.split()[0], "platform": platform.platform()}
     for name in ("torch", "numpy", "pandas", "seaborn", "matplotlib"):
         try:
@@ -251,7 +227,7 @@ def _environment(adapter, device, settings: LatencySettings, timer_kind: str, me
                 dtype = str(param.dtype).replace("torch.", "")
                 break
     env = {
-        "git": _git(), "packages": packages, "device": str(device), "device_name": _device_name(device),
+        "git": _git(), "packages": packages, "device": str(device), "device_name": device_name(device),
         "dtype": dtype, "attention_backend": _attention_backend(device), "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(), "hostname": platform.node(),
     }
@@ -707,6 +683,7 @@ def run_latency(settings: LatencySettings, command: str | None = None, log=print
 def _run_latency(settings: LatencySettings, command: str | None, log) -> dict:
     import pandas as pd
 
+    from ablations.runner import resolve_model
     from profilers.breakdown import write_breakdown
     from var_core.models.zoo import load_model
 
@@ -716,7 +693,7 @@ def _run_latency(settings: LatencySettings, command: str | None, log) -> dict:
         torch.set_num_threads(settings.threads)
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, settings.dtype)
-    model, notes = resolve_model(settings.model, settings.weights)
+    model, _, notes = resolve_model(settings.model, settings.weights)
     methods = [settings.method] + [m for m in settings.compare if m != settings.method]
     reference = "baseline"
     if reference not in methods:

@@ -123,9 +123,11 @@ def package_versions() -> dict:
     return out
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device | str) -> str:
+    """The GPU's name, or the CPU model from /proc/cpuinfo (what every record and report names as the machine)."""
+    device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(device)
+        return torch.cuda.getdevice_name(device)
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -162,7 +164,7 @@ def environment_info(adapter: Any, *, accelerator: str, devices: Any, strategy: 
                 dtype = str(param.dtype).replace("torch.", "")
                 break
     return {
-        "git": git_info(), "packages": package_versions(), "device": str(device), "device_name": _device_name(device),
+        "git": git_info(), "packages": package_versions(), "device": str(device), "device_name": device_name(device),
         "dtype": dtype, "attention_backend": attention_backend(adapter), "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(), "accelerator": accelerator, "devices": devices,
         "strategy": strategy, "processes": processes or [], "hostname": platform.node(),

@@ -172,3 +172,17 @@ def layer_linkage_observe(ctx, block: int, lens, signals: Signals) -> None:
     """Record the lens entropy (shared definition of ``var_core.accel.lens``: guided CFG combination)."""
     if block in lens_blocks_needed(ctx.num_blocks) and may_prune_at(ctx.scale_index, signals):
         record_lens_entropy(signals, ctx, block, lens)
+
+
+class LayerEntropyLinked:
+    """Slots shared by the schedules that read NOVA's layer entropy (layer and dual linkage): ask for the logit
+    lens on scales that may be pruned, record its entropy, and prune a scale once any sample has started."""
+
+    def needs(self, ctx, signals: Signals) -> Needs:
+        return layer_linkage_needs(ctx, signals)
+
+    def observe_lens(self, ctx, block, lens, signals: Signals) -> None:
+        layer_linkage_observe(ctx, block, lens, signals)
+
+    def prunes_scale(self, ctx, signals) -> bool:
+        return bool(started_B(ctx, signals).any())

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..base import Schedule, Signals
+from ..base import Schedule
 from ..entropy import SCALE_ENTROPY_DEFINITIONS
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
 from ._linkage_math import (DIRECTIONS, FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
-                            layer_adjusted_ratio, layer_entropy_difference_B, layer_linkage_needs,
-                            layer_linkage_observe, started_B)
+                            LayerEntropyLinked, layer_adjusted_ratio,
+                            layer_entropy_difference_B, started_B)
 from .scale_linkage import scale_ratio_B
 
 EXTRAS_KEY = "dual_linkage"
 
 
 @SCHEDULES.register("dual_linkage")
-class DualLinkage(Schedule):
+class DualLinkage(LayerEntropyLinked, Schedule):
     """NOVA (arXiv 2602.01345) §2.3, the full method: ``r_{t,l}`` from ``r_t``. Knob: ``tau``.
 
     ``r_t = sigmoid(τ·(t*+1)/t − λ_s·tanh(g_{t−1}))`` exactly as in ``scale_linkage`` (t* from
@@ -50,15 +50,6 @@ class DualLinkage(Schedule):
                                           choices=FIRST_BLOCK_REFERENCES, reconstructed=True)
         ratio_is: str = knob("removed", "whether r is the removed or the kept fraction", choices=RATIO_MEANINGS,
                              reconstructed=True)
-
-    def needs(self, ctx, signals: Signals):
-        return layer_linkage_needs(ctx, signals)
-
-    def observe_lens(self, ctx, block, lens, signals: Signals) -> None:
-        layer_linkage_observe(ctx, block, lens, signals)
-
-    def prunes_scale(self, ctx, signals) -> bool:
-        return bool(started_B(ctx, signals).any())
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config

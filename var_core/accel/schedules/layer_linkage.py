@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..base import Schedule, Signals
+from ..base import Schedule
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
 from ._linkage_math import (FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
-                            layer_adjusted_ratio, layer_entropy_difference_B, layer_linkage_needs,
-                            layer_linkage_observe, started_B)
+                            LayerEntropyLinked, layer_adjusted_ratio,
+                            layer_entropy_difference_B, started_B)
 
 EXTRAS_KEY = "layer_linkage"
 
 
 @SCHEDULES.register("layer_linkage")
-class LayerLinkage(Schedule):
+class LayerLinkage(LayerEntropyLinked, Schedule):
     """NOVA (arXiv 2602.01345) §2.3 layer linkage alone (NOVA Table 6's layer-only arm). Knob: ``r_base``.
 
     Per accelerated scale t and block l (1-indexed ``l = block + 1``), RECONSTRUCTED in the style of the scale
@@ -48,15 +48,6 @@ class LayerLinkage(Schedule):
                                           choices=FIRST_BLOCK_REFERENCES, reconstructed=True)
         ratio_is: str = knob("removed", "whether r is the removed or the kept fraction", choices=RATIO_MEANINGS,
                              reconstructed=True)
-
-    def needs(self, ctx, signals: Signals):
-        return layer_linkage_needs(ctx, signals)
-
-    def observe_lens(self, ctx, block, lens, signals: Signals) -> None:
-        layer_linkage_observe(ctx, block, lens, signals)
-
-    def prunes_scale(self, ctx, signals) -> bool:
-        return bool(started_B(ctx, signals).any())
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
