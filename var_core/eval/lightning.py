@@ -365,6 +365,9 @@ class _ShardCollector(Callback):
         }
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        # the module sets its threads in its own on_predict_start, which Lightning calls after this callback's
+        self.environment["threads"] = torch.get_num_threads()
+        self.environment["interop_threads"] = torch.get_num_interop_threads()
         self.outputs.append(outputs)
 
     def on_predict_end(self, trainer, pl_module) -> None:
