@@ -244,6 +244,9 @@ class FamilyFormulas:
     latent_update: Callable[[ArchSpec, int, int], dict[str, int]]
 
 
+ATTENTION_SCORE_OPS = frozenset({"scores", "pv"})  # the ops that stay on the padded layout when rows are packed
+
+
 def _self_attention(arch: ArchSpec, rows: int, n: int, kv_len: int) -> dict[str, int]:
     C = arch.embed_dim
     return {
@@ -457,9 +460,14 @@ def count_record_flops(
         for block, counts in enumerate(kept):
             if attn_index is not None:
                 kv_len[block] += counts[attn_index]
-            for branch, n in zip(arch.branches, counts):
+            packed = record.packed_tokens[block] if record.packed_tokens else (None,) * len(counts)
+            for branch, n, total in zip(arch.branches, counts, packed):
                 L = kv_len[block] if branch == "attn" else (arch.text_len if branch == "cross" else 0)
-                report.add(si, block, branch, formulas.branch(arch, branch, R, n, kv_len[block]), R, n, L)
+                ops = formulas.branch(arch, branch, R, n, kv_len[block])
+                if total is not None:  # per-token ops ran on the valid tokens only; attention on the padded rows
+                    per_token = formulas.branch(arch, branch, 1, total, kv_len[block])
+                    ops = {op: v if op in ATTENTION_SCORE_OPS else per_token[op] for op, v in ops.items()}
+                report.add(si, block, branch, ops, R, n, L)
         lens = ([(block, R) for block in sorted(lens_blocks.get(si, ()))] if lens_blocks is not None
                 else record.lens_rows)
         for block, rows in lens:

@@ -326,3 +326,49 @@ def test_lens_probe_mixes_cfg_rows_before_the_head(tiny_adapter):
     assert torch.allclose(cond, full[:B], atol=1e-5)
     fallback = LensProbe.of_logits(full, B)  # no head parts: combines the full logits
     assert torch.allclose(fallback.mixed_logits(wc, wu), expected)
+
+
+class _RaggedLastScale(Policy):
+    """Sample 0 keeps a quarter of the last scale, sample 1 keeps all of it (padding = the first kept index)."""
+
+    def plan_scale(self, ctx):
+        return ScalePlan(prune=ctx.is_last)
+
+    def plan_block(self, ctx, block, branch, x):
+        from var_core.accel.policy import top_tokens
+
+        R, N = x.shape[0], ctx.num_tokens
+        scores = torch.arange(N, dtype=torch.float32).flip(0).expand(R, N)
+        B = ctx.batch_size
+        counts = torch.tensor([N // 4, N] * (R // B))[:R] if B == 2 else torch.full((R,), N // 4)
+        return top_tokens(scores, counts, int(counts.max()))
+
+
+def test_ragged_rows_are_packed_exactly_and_counted(tiny_adapter, monkeypatch):
+    """Per-token work of a ragged selection runs on the valid tokens only: same tokens as the padded path,
+    and the analytic FLOPs (packed linear ops, padded attention) equal FlopCounterMode's count."""
+    from profilers.flops import count_flops, flop_counter_mode
+    from var_core.engine.packing import RowPacking
+
+    labels, seeds = torch.tensor([3, 7]), [1, 2]
+    with flop_counter_mode() as counter:
+        packed = generate(tiny_adapter, labels, seeds=seeds, sampling=SAMPLED, policy=_RaggedLastScale(),
+                          options=GenerationOptions(decode=False))
+    last = packed.records[-1]
+    N = last.hw[0] * last.hw[1]
+    rows = 4  # 2 samples x (cond, uncond)
+    assert all(total == 2 * (N // 4 + N) for branches in last.packed_tokens for total in branches)
+    assert count_flops(tiny_adapter, packed).total == counter.get_total_flops()
+    monkeypatch.setattr(type(tiny_adapter), "row_packing", lambda self, keep, valid: None)
+    padded = generate(tiny_adapter, labels, seeds=seeds, sampling=SAMPLED, policy=_RaggedLastScale())
+    assert not padded.records[-1].packed_tokens
+    assert all(torch.equal(a, b) for a, b in zip(packed.tokens, padded.tokens))
+    assert torch.equal(packed.latent, padded.latent)
+    assert rows * N > 2 * (N // 4 + N)  # the packed path did less per-token work than the padded one
+
+    keep = torch.tensor([[0, 2, 5], [1, 3, 1]])  # row 1 keeps 2 tokens and repeats its FIRST kept index
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    packing = RowPacking(keep, valid)
+    x = torch.arange(6, dtype=torch.float32).view(2, 3, 1)
+    assert packing.total == 5 and packing.pack(x).flatten().tolist() == [0, 1, 2, 3, 4]
+    assert packing.apply(lambda t: t * 10, x).flatten().tolist() == [0, 10, 20, 30, 40, 30]

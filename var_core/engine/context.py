@@ -51,6 +51,9 @@ class ScaleRecord:
     raw_logits_RNV: torch.Tensor | None = None  # head output per computed row, before guidance
     kept_tokens: tuple[tuple[int, ...], ...] = ()  # per block, per branch: tokens actually computed
     lens_rows: tuple[tuple[int, int], ...] = ()  # (block, rows projected by the head) of each logit-lens probe
+    # per block, per branch: valid tokens summed over rows when the per-token work ran packed (ragged selections,
+    # engine.packing), else None; empty when nothing was packed at this scale
+    packed_tokens: tuple[tuple[int | None, ...], ...] = ()
 
 
 @dataclass(frozen=True)

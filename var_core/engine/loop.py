@@ -142,10 +142,11 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         x_RNC = adapter.scale_input(state, si)
     kept_counts: list[tuple[int, ...]] = []
     lens_rows: list[tuple[int, int]] = []
+    packed_counts: list[tuple[int | None, ...]] = []
     for block in range(ctx.num_blocks):
         x_in_RNC = x_RNC
         want_probs = block in plan.attention_blocks
-        counts = []
+        counts, packed = [], []
         for branch in ctx.branches:
             keep_Rn = valid_Rn = None
             if plan.prune:
@@ -156,9 +157,10 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
                 else:
                     keep_Rn = selection
             tokens_in = x_RNC if keep_Rn is None else gather_tokens(x_RNC, keep_Rn)
+            packing = adapter.row_packing(keep_Rn, valid_Rn) if valid_Rn is not None else None
             with tracer.span(branch, si, block):
                 out, probs = adapter.run_branch(state, si, block, branch, tokens_in, keep_Rn, valid_Rn, cache,
-                                                want_probs and branch == "attn")
+                                                want_probs and branch == "attn", packing=packing)
             if probs is not None:
                 policy.observe_attention(ctx, block, probs, keep_Rn)
             if keep_Rn is not None:
@@ -168,7 +170,9 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
                 policy.observe_branch(ctx, block, branch, out)
             x_RNC = x_RNC + out
             counts.append(tokens_in.shape[1])
+            packed.append(packing.total if packing is not None else None)
         kept_counts.append(tuple(counts))
+        packed_counts.append(tuple(packed))
         if plan.observe_blocks:
             policy.observe_block(ctx, block, x_in_RNC, x_RNC)
         if block in plan.lens_blocks:
@@ -196,4 +200,5 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         si, ctx.hw, skipped=False, guidance=ctx.guidance, tokens_BN=tokens, residual_BChw=residual,
         guided_logits_BNV=guided_BNV, raw_logits_RNV=raw_logits_RNV if options.keep_raw_logits else None,
         kept_tokens=tuple(kept_counts), lens_rows=tuple(lens_rows),
+        packed_tokens=tuple(packed_counts) if any(c is not None for b in packed_counts for c in b) else (),
     )

@@ -95,11 +95,17 @@ class SelfAttention(nn.Module):
         self.register_buffer("zero_k_bias", torch.zeros(embed_dim))
         self.proj = nn.Linear(embed_dim, embed_dim)
 
-    def project_qkv(self, x_BNC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns q, k, v as ``[B, H, N, head_dim]``; q already carries the temperature, k is normalised."""
+    def project_qkv(self, x_BNC: torch.Tensor, packing=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns q, k, v as ``[B, H, N, head_dim]``; q already carries the temperature, k is normalised.
+
+        ``packing`` (a ``var_core.engine.packing.RowPacking``): run the projection on the valid tokens only."""
         B, N, C = x_BNC.shape
         bias = torch.cat((self.q_bias, self.zero_k_bias, self.v_bias))
-        qkv = F.linear(x_BNC, self.mat_qkv.weight, bias).view(B, N, 3, self.num_heads, self.head_dim)
+        if packing is not None:
+            qkv = packing.apply(lambda x: F.linear(x, self.mat_qkv.weight, bias), x_BNC)
+        else:
+            qkv = F.linear(x_BNC, self.mat_qkv.weight, bias)
+        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, N, hd]
         if self.attn_l2_norm:
             temperature = self.scale_mul_1H11.clamp(max=MAX_LOG_SCALE).exp()
@@ -114,6 +120,7 @@ class SelfAttention(nn.Module):
         v_BHLd: torch.Tensor,
         attn_bias: torch.Tensor | None = None,
         return_probs: bool = False,
+        packing=None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of the queries over the given keys, then the output projection.
 
@@ -131,6 +138,8 @@ class SelfAttention(nn.Module):
             probs = None
             out = F.scaled_dot_product_attention(q_BHnd, k_BHLd, v_BHLd, attn_mask=attn_bias, scale=self.scale)
         out = out.transpose(1, 2).reshape(B, n, H * hd)
+        if packing is not None:
+            return packing.apply(self.proj, out), probs
         return self.proj(out), probs
 
     def forward(self, x_BNC: torch.Tensor, attn_bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -186,9 +195,14 @@ class AdaLNSelfAttnBlock(nn.Module):
     def attn_output(self, attn_out_BNC: torch.Tensor, mods) -> torch.Tensor:
         return attn_out_BNC.mul(mods[0])
 
-    def ffn_branch(self, x_BNC: torch.Tensor, mods) -> torch.Tensor:
-        """The residual-branch output of the MLP (γ2 included), for the tokens given."""
+    def ffn_branch(self, x_BNC: torch.Tensor, mods, packing=None) -> torch.Tensor:
+        """The residual-branch output of the MLP (γ2 included), for the tokens given (``packing``: the valid ones
+        of a ragged selection only, see ``var_core.engine.packing``)."""
         _, gamma2, _, scale2, _, shift2 = mods
+        if packing is not None:
+            return packing.apply(
+                lambda x, s, b, g: self.ffn(self.ln_wo_grad(x).mul(s.add(1)).add_(b)).mul(g),
+                x_BNC, scale2, shift2, gamma2)
         return self.ffn(self.ln_wo_grad(x_BNC).mul(scale2.add(1)).add_(shift2)).mul(gamma2)
 
     def forward(self, x_BNC: torch.Tensor, cond_BD_or_gss: torch.Tensor, attn_bias: torch.Tensor | None) -> torch.Tensor:

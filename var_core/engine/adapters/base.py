@@ -14,6 +14,7 @@ import torch
 
 from ..context import GuidanceMode
 from ..kvcache import KVCache
+from ..packing import RowPacking
 from ..sampling import SamplingConfig
 
 
@@ -85,7 +86,7 @@ class ModelAdapter(ABC):
     @abstractmethod
     def run_branch(
         self, state: Any, si: int, block: int, branch: str, x_RnC: torch.Tensor, keep_Rn: torch.Tensor | None,
-        valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool,
+        valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool, packing: RowPacking | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The residual-branch output for the given tokens (gates included), plus attention probabilities.
 
@@ -99,6 +100,11 @@ class ModelAdapter(ABC):
 
     def context_length(self, state: Any) -> int | None:
         """Length of the cross-attention context a generation attended to (None: no cross-attention)."""
+        return None
+
+    def row_packing(self, keep_Rn: torch.Tensor, valid_Rn: torch.Tensor | None) -> RowPacking | None:
+        """How the per-token work of a ragged selection runs: a :class:`RowPacking` (valid tokens only; the
+        adapter's ``run_branch`` must honour it) or None (the padded layout). Default: padded."""
         return None
 
     def head_parts(self, state: Any, x_RNC: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Linear] | None:

@@ -260,7 +260,10 @@ class InfinityAdapter(ModelAdapter):
         return self.cfg.depth + k
 
     def run_branch(self, state: InfinityState, si: int, block: int, branch: str, x_RnC: torch.Tensor,
-                   keep_Rn: torch.Tensor | None, valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool):
+                   keep_Rn: torch.Tensor | None, valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool,
+                   packing=None):
+        if packing is not None:
+            raise ValueError("the Infinity adapter runs ragged selections padded (row_packing returns None)")
         blk = self.model.blocks[block]
         mods = state.modulations[block]
         if branch == "attn":

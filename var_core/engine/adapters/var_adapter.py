@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from ...models.var import VAR
 from ..context import GuidanceMode
 from ..kvcache import KVCache
+from ..packing import RowPacking
 from ..sampling import SamplingConfig, draw_categorical
 from .base import ModelAdapter
 
@@ -103,17 +104,22 @@ class VARAdapter(ModelAdapter):
         return x_BNC.repeat(2, 1, 1) if state.guidance is GuidanceMode.BOTH else x_BNC
 
     def run_branch(self, state: VARState, si: int, block: int, branch: str, x_RnC: torch.Tensor,
-                   keep_Rn: torch.Tensor | None, valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool):
+                   keep_Rn: torch.Tensor | None, valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool,
+                   packing: RowPacking | None = None):
         blk = self.var.blocks[block]
         mods = state.modulations[block]
         if branch == "ffn":
-            return blk.ffn_branch(x_RnC, mods), None
+            return blk.ffn_branch(x_RnC, mods, packing), None
         if branch != "attn":
             raise ValueError(f"VAR blocks have branches 'attn' and 'ffn', not {branch!r}")
-        q, k, v = blk.attn.project_qkv(blk.attn_input(x_RnC, mods))
+        q, k, v = blk.attn.project_qkv(blk.attn_input(x_RnC, mods), packing)
         k_all, v_all, key_bias = cache.append(block, k, v, valid_Rn)
-        out, probs = blk.attn.attend(q, k_all, v_all, key_bias, return_probs=want_probs)
+        out, probs = blk.attn.attend(q, k_all, v_all, key_bias, return_probs=want_probs, packing=packing)
         return blk.attn_output(out, mods), probs
+
+    def row_packing(self, keep_Rn: torch.Tensor, valid_Rn: torch.Tensor | None) -> RowPacking | None:
+        # ragged selections: QKV, out-projection and MLP on the valid tokens only (attention stays padded)
+        return RowPacking(keep_Rn, valid_Rn) if RowPacking.worthwhile(valid_Rn) else None
 
     def logits(self, state: VARState, x_RNC: torch.Tensor) -> torch.Tensor:
         return self.var.logits(x_RNC, state.cond_RD)

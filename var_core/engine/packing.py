@@ -1,0 +1,56 @@
+"""Packed execution of per-token work for ragged token selections.
+
+A ragged :class:`~var_core.engine.policy.TokenSelection` pads every row to the batch's largest keep count with
+copies of one of the row's kept tokens. Attention needs that rectangular layout (the KV cache masks the padding),
+but the per-token work — projections, MLP — does not: :class:`RowPacking` gathers the valid tokens of all rows
+into one ``[T, C]`` matrix, runs the per-token function once on it, and spreads the result back, giving every
+padding slot the output of the token it copies (so restorers' scatters stay exact). A batch then pays for the
+tokens its samples keep, not ``rows × the largest keep count``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class RowPacking:
+    """Valid-token packing of a padded ``[R, n, ·]`` selection: ``keep_Rn`` token indices, ``valid_Rn`` False on
+    padding slots, each of which repeats a kept index of its row."""
+
+    def __init__(self, keep_Rn: torch.Tensor, valid_Rn: torch.Tensor):
+        R, n = valid_Rn.shape
+        self.valid_Rn = valid_Rn
+        self._flat_valid = valid_Rn.reshape(-1).nonzero().squeeze(1)
+        self.total = int(self._flat_valid.numel())
+        # packed position of every valid slot; a padding slot reads the packed position of the token it repeats
+        packed_pos = torch.full((R * n,), -1, dtype=torch.long, device=valid_Rn.device)
+        packed_pos[self._flat_valid] = torch.arange(self.total, device=valid_Rn.device)
+        lookup = torch.full((R, int(keep_Rn.max()) + 1), -1, dtype=torch.long, device=valid_Rn.device)
+        rows = torch.arange(R, device=valid_Rn.device).view(R, 1).expand(R, n)
+        lookup[rows[valid_Rn], keep_Rn[valid_Rn]] = packed_pos[self._flat_valid]
+        self._source_Rn = lookup.gather(1, keep_Rn)
+        if bool((self._source_Rn < 0).any()):
+            raise ValueError("a padding slot repeats a token index that is not kept in its row")
+
+    @staticmethod
+    def worthwhile(valid_Rn: torch.Tensor | None, min_saving: float = 0.1) -> bool:
+        """Whether packing saves at least ``min_saving`` of the rows' tokens (it costs two copies of the data)."""
+        if valid_Rn is None:
+            return False
+        return float(valid_Rn.float().mean()) <= 1.0 - min_saving
+
+    def pack(self, x_RnC: torch.Tensor) -> torch.Tensor:
+        """``[T, C]``: the valid tokens of every row, row after row. Broadcast ``[R, 1, C]`` inputs are expanded."""
+        R, n = self.valid_Rn.shape
+        return x_RnC.expand(R, n, x_RnC.shape[-1]).reshape(R * n, -1).index_select(0, self._flat_valid)
+
+    def unpack(self, y_TC: torch.Tensor) -> torch.Tensor:
+        """``[R, n, C]`` with padding slots holding the output of the token they copy."""
+        R, n = self.valid_Rn.shape
+        return y_TC.index_select(0, self._source_Rn.reshape(-1)).view(R, n, -1)
+
+    def apply(self, fn: Callable[..., torch.Tensor], *per_token: torch.Tensor) -> torch.Tensor:
+        """``fn`` on the packed tokens of each ``[R, n|1, C]`` argument, spread back to ``[R, n, C']``."""
+        return self.unpack(fn(*(self.pack(t) for t in per_token)))
