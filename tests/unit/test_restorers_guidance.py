@@ -392,3 +392,28 @@ def test_restorer_in_generation_finite_and_deterministic(tiny_adapter, name, par
     assert computed[:K - 2] == dense[:K - 2] and all(c < d for c, d in zip(computed[K - 2:], dense[K - 2:]))
     if name == "static_cache":
         assert policy.signals.extras["static_cache_misses"] == 0
+
+
+def test_model_dependent_settings_fail_in_the_pre_flight(tiny_adapter):
+    """Settings that cannot run on a model raise from ``check_model`` (what studies call before generating),
+    with the component named, instead of failing mid-study."""
+    from var_core.accel import PolicyConfig, build_policy
+    from var_core.accel.policy import component_config
+    from var_core.engine import GuidanceMode
+    from var_core.engine.loop import generation_info
+
+    info = generation_info(tiny_adapter, 1, GuidanceMode.BOTH)
+    K = tiny_adapter.num_scales
+    bad = [
+        ("guidance", component_config("guidance", "sats", space="expected_code"), "not available for the 'var'"),
+        ("guidance", component_config("guidance", "null_late", count=K), "every one of the"),
+        ("guidance", component_config("guidance", "stop_at", start_scale=K), "outside the"),
+        ("restorer", component_config("restorer", "static_cache", cache_scale=K + 2), "outside the"),
+        ("skip", component_config("skip", "skip_last", count=K), "leaves none"),
+        ("schedule", component_config("schedule", "toprovar_gate", s_rep=K), "--set schedule.s_rep="),
+    ]
+    for kind, component, message in bad:
+        policy = build_policy(PolicyConfig(name="probe", **{kind: component}))
+        with pytest.raises(ValueError, match=message):
+            policy.check_model(info)
+    build_policy(PolicyConfig(name="ok")).check_model(info)  # defaults fit

@@ -28,6 +28,9 @@ class NullLate(Guidance):
                           search=SearchSpace("int", low=1, high=4))
 
     def start(self, info, signals) -> None:
+        self.check_model(info)
+
+    def check_model(self, info) -> None:
         if self.config.count >= info.num_scales:
             raise ValueError(f"guidance 'null_late': count={self.config.count} would make every one of the "
                              f"{info.num_scales} scales unconditional; use count < {info.num_scales}")

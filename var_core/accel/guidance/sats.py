@@ -88,13 +88,19 @@ class SATS(Guidance):
                                   "norms ('symmetric')", choices=("cond", "symmetric"), reconstructed=True)
         min_scale: int = knob(0, "first scale at which the test may fire (0-indexed; -k = k-th from the end)")
 
-    def start(self, info, signals: Signals) -> None:
-        self._family = info.family
-        self._space = AUTO_SPACE.get(info.family, "probabilities") if self.config.space == "auto" else self.config.space
-        if self._space not in SPACES_BY_FAMILY.get(info.family, ("probabilities", "logits")):
+    def _resolved_space(self, family: str) -> str:
+        return AUTO_SPACE.get(family, "probabilities") if self.config.space == "auto" else self.config.space
+
+    def check_model(self, info) -> None:
+        if self._resolved_space(info.family) not in SPACES_BY_FAMILY.get(info.family, ("probabilities", "logits")):
             raise ValueError(f"guidance 'sats': space={self.config.space!r} is not available for the "
                              f"{info.family!r} family (available: {SPACES_BY_FAMILY.get(info.family)}); the "
                              f"codebook expected embedding needs the codebook, which components cannot see")
+
+    def start(self, info, signals: Signals) -> None:
+        self.check_model(info)
+        self._family = info.family
+        self._space = self._resolved_space(info.family)
         self._num_scales = info.num_scales
         m = self.config.min_scale
         self._min_scale = m if m >= 0 else info.num_scales + m

@@ -30,6 +30,9 @@ class StopAt(Guidance):
         return s if s >= 0 else num_scales + s
 
     def start(self, info, signals) -> None:
+        self.check_model(info)
+
+    def check_model(self, info) -> None:
         if not 0 <= self.first_scale(info.num_scales) < info.num_scales:
             raise ValueError(f"guidance 'stop_at': start_scale={self.config.start_scale} is outside the "
                              f"{info.num_scales} scales of this model")

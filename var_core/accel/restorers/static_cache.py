@@ -92,12 +92,15 @@ class StaticCache(Restorer):
                             "cache_scale on with its full restored outputs", choices=("fixed", "latest"),
                             reconstructed=True)
 
-    def start(self, info, signals: Signals) -> None:
-        self._num_scales = info.num_scales
-        self._first = resolve_scale(self.config.cache_scale, info.num_scales)
-        if not 0 <= self._first < info.num_scales:
+    def check_model(self, info) -> None:
+        if not 0 <= resolve_scale(self.config.cache_scale, info.num_scales) < info.num_scales:
             raise ValueError(f"restorer 'static_cache': cache_scale={self.config.cache_scale} is outside the "
                              f"{info.num_scales} scales of this model")
+
+    def start(self, info, signals: Signals) -> None:
+        self.check_model(info)
+        self._num_scales = info.num_scales
+        self._first = resolve_scale(self.config.cache_scale, info.num_scales)
         # (block, branch) -> (scale index, hw, guidance layout, output [R, N, C])
         self._cache: dict[tuple[int, str], tuple[int, tuple[int, int], GuidanceMode, torch.Tensor]] = {}
         signals.extras["static_cache_misses"] = 0

@@ -39,7 +39,11 @@ class MSEScorer(Scorer):
                              choices=RESIZE_MODES, reconstructed=True,
                              search=SearchSpace("categorical", choices=("nearest", "bilinear", "area")))
 
+    def check_model(self, info) -> None:
+        self._block(info.num_blocks)  # raises for a block the model does not have
+
     def start(self, info, signals) -> None:
+        self.check_model(info)
         self._change: dict[int, torch.Tensor] = {}  # si -> [R, h, w] change map of block s (latest scale)
         self._resized: dict[int, torch.Tensor] = {}
 

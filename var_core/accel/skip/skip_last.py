@@ -26,6 +26,9 @@ class SkipLast(ScaleSkip):
                          choices=("stop", "skip"))
 
     def start(self, info, signals) -> None:
+        self.check_model(info)
+
+    def check_model(self, info) -> None:
         if self.config.count >= info.num_scales:
             raise ValueError(f"skip 'skip_last': count={self.config.count} leaves none of the {info.num_scales} "
                              f"scales; use count < {info.num_scales}")
