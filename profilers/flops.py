@@ -244,7 +244,9 @@ class FamilyFormulas:
     latent_update: Callable[[ArchSpec, int, int], dict[str, int]]
 
 
-ATTENTION_SCORE_OPS = frozenset({"scores", "pv"})  # the ops that stay on the padded layout when rows are packed
+# ops that stay on the padded row layout when a ragged selection's per-token work is packed (attention scores and
+# values; the per-scale text K/V projection of ``cross_kv_per_scale``, which is per row, not per token)
+PADDED_OPS = frozenset({"scores", "pv", "kv"})
 
 
 def _self_attention(arch: ArchSpec, rows: int, n: int, kv_len: int) -> dict[str, int]:
@@ -466,7 +468,7 @@ def count_record_flops(
                 ops = formulas.branch(arch, branch, R, n, kv_len[block])
                 if total is not None:  # per-token ops ran on the valid tokens only; attention on the padded rows
                     per_token = formulas.branch(arch, branch, 1, total, kv_len[block])
-                    ops = {op: v if op in ATTENTION_SCORE_OPS else per_token[op] for op, v in ops.items()}
+                    ops = {op: v if op in PADDED_OPS else per_token[op] for op, v in ops.items()}
                 report.add(si, block, branch, ops, R, n, L)
         lens = ([(block, R) for block in sorted(lens_blocks.get(si, ()))] if lens_blocks is not None
                 else record.lens_rows)

@@ -146,3 +146,41 @@ def test_infinity_2b_arch_only_report():
     token_share = (48 * 48 + 64 * 64) / 10521
     assert token_share == pytest.approx(0.608, abs=1e-3)
     assert last_two > token_share  # attention over the long cache makes the last scales dearer than their tokens
+
+
+class RaggedLastScale(Policy):
+    """Sample 0 keeps a quarter of the last scale, sample 1 all of it (ragged: padding repeats a kept index)."""
+
+    def plan_scale(self, ctx):
+        return ScalePlan(prune=ctx.is_last)
+
+    def plan_block(self, ctx, block, branch, x_RNC):
+        from var_core.accel.policy import top_tokens
+
+        R, N = x_RNC.shape[0], ctx.num_tokens
+        scores = torch.arange(N, dtype=torch.float32).expand(R, N)
+        counts = torch.tensor([N // 4, N] * (R // 2))
+        return top_tokens(scores, counts, N)
+
+
+def test_infinity_ragged_rows_packed_exactly_and_counted(tiny, monkeypatch):
+    """Packed per-token work (self-attn QKV/proj, cross-attn q/proj, MLP) on Infinity: the same bits as the padded
+    path, and the analytic FLOPs equal FlopCounterMode's."""
+    text = tiny.encode_prompts(PROMPTS)
+    box = {}
+
+    def run():
+        box["result"] = generate(tiny, text, seeds=[0, 1], sampling=GREEDY, policy=RaggedLastScale(),
+                                 options=NO_DECODE)
+
+    with torch.inference_mode():
+        measured, _ = measure_flops(run)
+    packed = box["result"]
+    last = packed.records[-1]
+    N = last.hw[0] * last.hw[1]
+    assert all(total == 2 * (N // 4 + N) for branches in last.packed_tokens for total in branches)
+    assert count_flops(tiny, packed).total == measured
+    monkeypatch.setattr(type(tiny), "row_packing", lambda self, keep, valid: None)
+    padded = generate(tiny, text, seeds=[0, 1], sampling=GREEDY, policy=RaggedLastScale(), options=NO_DECODE)
+    assert not padded.records[-1].packed_tokens
+    assert all(torch.equal(a, b) for a, b in zip(packed.tokens, padded.tokens))

@@ -253,11 +253,16 @@ class SelfAttention(nn.Module):
         self.register_buffer("zero_k_bias", torch.zeros(embed_dim))
         self.proj = nn.Linear(embed_dim, embed_dim)
 
-    def project_qkv(self, x_BnC: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q, k, v ``[B, H, n, head_dim]``: q and k l2-normalised (q times the clamped temperature), then RoPE."""
+    def project_qkv(self, x_BnC: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, packing=None):
+        """q, k, v ``[B, H, n, head_dim]``: q and k l2-normalised (q times the clamped temperature), then RoPE.
+        ``packing`` (``var_core.engine.packing.RowPacking``): the projection on the valid tokens only."""
         B, n, C = x_BnC.shape
         bias = torch.cat((self.q_bias, self.zero_k_bias, self.v_bias))
-        qkv = F.linear(x_BnC, self.mat_qkv.weight, bias).view(B, n, 3, self.num_heads, self.head_dim)
+        if packing is not None:
+            qkv = packing.apply(lambda x: F.linear(x, self.mat_qkv.weight, bias), x_BnC)
+        else:
+            qkv = F.linear(x_BnC, self.mat_qkv.weight, bias)
+        qkv = qkv.view(B, n, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         scale_mul = self.scale_mul_1H11.clamp_max(MAX_LOG_SCALE).exp().to(qkv.dtype)
         q = F.normalize(q, dim=-1, eps=1e-12).mul(scale_mul)
@@ -265,7 +270,7 @@ class SelfAttention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None = None,
-               return_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+               return_probs: bool = False, packing=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, H, n, hd = q.shape
         probs = None
         if return_probs:
@@ -276,7 +281,8 @@ class SelfAttention(nn.Module):
             out = torch.matmul(probs, v)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=1.0)
-        return self.proj(out.transpose(1, 2).reshape(B, n, H * hd)), probs
+        out = out.transpose(1, 2).reshape(B, n, H * hd)
+        return (packing.apply(self.proj, out) if packing is not None else self.proj(out)), probs
 
 
 class CrossAttention(nn.Module):
@@ -309,19 +315,23 @@ class CrossAttention(nn.Module):
         k, v = kv.view(R, L, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         return k.contiguous(), v.contiguous()
 
-    def attend(self, x_RnC: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, mask_RL: torch.Tensor) -> torch.Tensor:
+    def attend(self, x_RnC: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, mask_RL: torch.Tensor,
+               packing=None) -> torch.Tensor:
+        """``packing``: the q and output projections on the valid tokens of a ragged selection only."""
         R = k.shape[0]
         if self.for_attn_pool:
             q = self.mat_q.to(k.dtype).unsqueeze(2).expand(R, -1, -1, -1)  # [R, H, 1, hd]
             n = 1
         else:
             n = x_RnC.shape[1]
-            q = self.mat_q(x_RnC).view(R, n, self.num_heads, self.head_dim).transpose(1, 2)
+            q = packing.apply(self.mat_q, x_RnC) if packing is not None else self.mat_q(x_RnC)
+            q = q.view(R, n, self.num_heads, self.head_dim).transpose(1, 2)
         if _flash_varlen is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
             out = _flash_cross(q, k, v, mask_RL, self.scale)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_RL[:, None, None, :], scale=self.scale)
-        return self.proj(out.transpose(1, 2).reshape(R, n, -1))
+        out = out.transpose(1, 2).reshape(R, n, -1)
+        return packing.apply(self.proj, out) if packing is not None else self.proj(out)
 
 
 def _flash_cross(q, k, v, mask_RL, scale):
@@ -369,10 +379,14 @@ class CrossAttnBlock(nn.Module):
     def attn_output(self, out: torch.Tensor, mods) -> torch.Tensor:
         return out.mul(mods[0])
 
-    def cross_branch(self, x: torch.Tensor, text_k: torch.Tensor, text_v: torch.Tensor, mask_RL: torch.Tensor):
-        return self.ca.attend(self.ca_norm(x), text_k, text_v, mask_RL)
+    def cross_branch(self, x: torch.Tensor, text_k: torch.Tensor, text_v: torch.Tensor, mask_RL: torch.Tensor,
+                     packing=None):
+        return self.ca.attend(self.ca_norm(x), text_k, text_v, mask_RL, packing)
 
-    def ffn_branch(self, x: torch.Tensor, mods) -> torch.Tensor:
+    def ffn_branch(self, x: torch.Tensor, mods, packing=None) -> torch.Tensor:
+        if packing is not None:
+            return packing.apply(lambda t, s, b, g: self.ffn(ada_layer_norm(t, s, b, self.eps)).mul(g),
+                                 x, mods[3], mods[5], mods[1])
         return self.ffn(ada_layer_norm(x, mods[3], mods[5], self.eps)).mul(mods[1])
 
     def forward(self, x, mods, text_k, text_v, mask_RL, cos, sin, attn_bias=None) -> torch.Tensor:

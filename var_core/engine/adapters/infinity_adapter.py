@@ -39,6 +39,7 @@ from ...models.infinity import Infinity, TextContext, rope_reference_hw, rope_ta
 from ...models.text_encoder import TextTokens
 from ..context import GuidanceMode
 from ..kvcache import KVCache
+from ..packing import RowPacking
 from ..sampling import SamplingConfig, draw_categorical
 from ..tracing import NULL_TRACER, Tracer
 from .base import ModelAdapter
@@ -261,23 +262,21 @@ class InfinityAdapter(ModelAdapter):
 
     def run_branch(self, state: InfinityState, si: int, block: int, branch: str, x_RnC: torch.Tensor,
                    keep_Rn: torch.Tensor | None, valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool,
-                   packing=None):
-        if packing is not None:
-            raise ValueError("the Infinity adapter runs ragged selections padded (row_packing returns None)")
+                   packing: RowPacking | None = None):
         blk = self.model.blocks[block]
         mods = state.modulations[block]
         if branch == "attn":
             cos, sin = self._rope(si, x_RnC.shape[1], keep_Rn)
-            q, k, v = blk.sa.project_qkv(blk.attn_input(x_RnC, mods), cos, sin)
+            q, k, v = blk.sa.project_qkv(blk.attn_input(x_RnC, mods), cos, sin, packing)
             k_all, v_all, key_bias = cache.append(block, k, v, valid_Rn)
-            out, probs = blk.sa.attend(q, k_all, v_all, key_bias, return_probs=want_probs)
+            out, probs = blk.sa.attend(q, k_all, v_all, key_bias, return_probs=want_probs, packing=packing)
             return blk.attn_output(out, mods), probs
         if branch == "cross":
             k_t, v_t = state.text_kv[block]
-            return blk.cross_branch(x_RnC, k_t, v_t, state.text_mask_RL), None
+            return blk.cross_branch(x_RnC, k_t, v_t, state.text_mask_RL, packing), None
         if branch != "ffn":
             raise ValueError(f"Infinity blocks have branches 'attn', 'cross' and 'ffn', not {branch!r}")
-        out = blk.ffn_branch(x_RnC, mods)
+        out = blk.ffn_branch(x_RnC, mods, packing)
         if block == self._insertion_block() and state.guidance is GuidanceMode.BOTH and state.cfg != 1:
             if keep_Rn is not None:
                 raise ValueError("cfg_insertion_layer mixes the full hidden state; it cannot run on a pruned "
@@ -290,6 +289,10 @@ class InfinityAdapter(ModelAdapter):
 
     def logits(self, state: InfinityState, x_RNC: torch.Tensor) -> torch.Tensor:
         return self.model.logits(x_RNC, state.cond_RD)
+
+    def row_packing(self, keep_Rn: torch.Tensor, valid_Rn: torch.Tensor | None) -> RowPacking | None:
+        # ragged selections: QKV, projections, cross-attention q/out and MLP on the valid tokens only
+        return RowPacking(keep_Rn, valid_Rn) if RowPacking.worthwhile(valid_Rn) else None
 
     def context_length(self, state: InfinityState) -> int | None:
         return int(state.text_mask_RL.shape[1])
