@@ -19,7 +19,7 @@ import dataclasses
 import difflib
 import importlib
 import pkgutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from var_core.accel.knobs import SearchSpace

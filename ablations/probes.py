@@ -52,9 +52,9 @@ class ProfilerProbe:
             return None
         if len(tracers) == 1:
             return tracers[0]
-        from var_core.eval.lightning import FanoutTracer
+        from var_core.engine.tracing import CompositeTracer
 
-        return FanoutTracer(tracers)
+        return CompositeTracer(*tracers)
 
     def after_batch(self, result, *, adapter, policy, batch_size: int, seconds: float) -> dict[str, Any]:
         if not self.available:

@@ -238,6 +238,30 @@ def _err(summ: dict | None) -> tuple[float, float, float]:
     return m, max(0.0, m - lo) if math.isfinite(lo) else 0.0, max(0.0, hi - m) if math.isfinite(hi) else 0.0
 
 
+
+def _per_scale_lineplot(records: list[dict], key: str, path: Path, palette, ylabel: str, title: str) -> Path | None:
+    """One line per arm of ``metrics.per_scale[key]`` (per sample, per scale) with a 95 % CI over samples."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    rows = [(r["arm"], i, s, v) for r in records
+            for i, values in enumerate(r["metrics"]["per_scale"].get(key) or [])
+            for s, v in enumerate(values) if v is not None]
+    if not rows:
+        return None
+    df = pd.DataFrame(rows, columns=["arm", "sample", "scale", key])
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    sns.lineplot(df, x="scale", y=key, hue="arm", errorbar=("ci", 95), seed=0, marker="o", ax=ax, palette=palette)
+    ax.set_xlabel("scale (0-indexed)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
 def write_plots(out_dir: Path, records: list[dict]) -> dict[str, Path]:
     """speed-quality scatter, entropy per scale, activation-scale histogram per class, token agreement,
     latency breakdown."""
@@ -285,24 +309,11 @@ def write_plots(out_dir: Path, records: list[dict]) -> dict[str, Path]:
         plt.close(fig)
 
     # 2. per-scale entropy curves
-    rows = []
-    for r in records:
-        for i, ent in enumerate(r["metrics"]["per_scale"].get("entropy") or []):
-            for s, v in enumerate(ent):
-                if v is not None:
-                    rows.append((r["arm"], i, s, v))
-    if rows:
-        df = pd.DataFrame(rows, columns=["arm", "sample", "scale", "entropy"])
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        sns.lineplot(df, x="scale", y="entropy", hue="arm", errorbar=("ci", 95), seed=0, marker="o", ax=ax,
-                     palette=palette)
-        ax.set_xlabel("scale (0-indexed)")
-        ax.set_ylabel("mean predictive entropy (nats / token)")
-        ax.set_title("per-scale entropy of the sampled distribution (95% CI over samples)")
-        fig.tight_layout()
-        paths["entropy_per_scale"] = plots_dir / "entropy_per_scale.png"
-        fig.savefig(paths["entropy_per_scale"], dpi=130)
-        plt.close(fig)
+    path = _per_scale_lineplot(records, "entropy", plots_dir / "entropy_per_scale.png", palette,
+                               "mean predictive entropy (nats / token)",
+                               "per-scale entropy of the sampled distribution (95% CI over samples)")
+    if path is not None:
+        paths["entropy_per_scale"] = path
 
     # 3. activation scale per class (NOVA Figure 8)
     rows = []
@@ -334,23 +345,11 @@ def write_plots(out_dir: Path, records: list[dict]) -> dict[str, Path]:
         plt.close(grid.figure)
 
     # 4. token agreement per scale
-    rows = []
-    for r in arms:
-        for i, agree in enumerate(r["metrics"]["per_scale"].get("token_agreement") or []):
-            for s, v in enumerate(agree):
-                if v is not None:
-                    rows.append((r["arm"], i, s, v))
-    if rows:
-        df = pd.DataFrame(rows, columns=["arm", "sample", "scale", "agreement"])
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        sns.lineplot(df, x="scale", y="agreement", hue="arm", errorbar=("ci", 95), seed=0, marker="o", ax=ax,
-                     palette=palette)
-        ax.set_ylabel("fraction of tokens equal to the baseline")
-        ax.set_title("token agreement with the baseline per scale (95% CI)")
-        fig.tight_layout()
-        paths["token_agreement"] = plots_dir / "token_agreement.png"
-        fig.savefig(paths["token_agreement"], dpi=130)
-        plt.close(fig)
+    path = _per_scale_lineplot(arms, "token_agreement", plots_dir / "token_agreement.png", palette,
+                               "fraction of tokens equal to the baseline",
+                               "token agreement with the baseline per scale (95% CI)")
+    if path is not None:
+        paths["token_agreement"] = path
 
     # 5. latency breakdown
     rows = [(r["arm"], comp, ms) for r in records

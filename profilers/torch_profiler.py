@@ -7,7 +7,7 @@
   a range ``scale{k}`` (opened in ``scale_begin``, closed in ``scale_end``), so work the loop does between spans
   (token gathers, residual additions) is still attributed to its scale.
 * :class:`CompositeTracer` — several tracers at once (e.g. a :class:`~profilers.timers.ComponentTimer` and a
-  :class:`RecordFunctionTracer`).
+  :class:`RecordFunctionTracer`); defined in the engine's tracing seam and re-exported here.
 * :func:`profile_generations` — runs a callable under ``torch.profiler.profile`` with a wait/warmup/active
   schedule, exports one Chrome trace per active cycle, and returns operator tables grouped by enclosing range
   (:func:`ops_by_range`).
@@ -27,7 +27,7 @@ from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 
-from var_core.engine.tracing import Tracer
+from var_core.engine.tracing import CompositeTracer, Tracer
 
 __all__ = [
     "CompositeTracer", "ProfileRun", "ProfileSchedule", "RecordFunctionTracer", "ops_by_range", "profile_generate",
@@ -95,51 +95,6 @@ class RecordFunctionTracer(Tracer):
         if self._open_scale is not None:
             rf, self._open_scale = self._open_scale, None
             rf.__exit__(None, None, None)
-
-
-class _CompositeSpan:
-    __slots__ = ("_contexts",)
-
-    def __init__(self, contexts: list[ContextManager]):
-        self._contexts = contexts
-
-    def __enter__(self) -> "_CompositeSpan":
-        entered = []
-        try:
-            for context in self._contexts:
-                context.__enter__()
-                entered.append(context)
-        except BaseException:
-            for context in reversed(entered):
-                context.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for context in reversed(self._contexts):
-            context.__exit__(*exc)
-
-
-class CompositeTracer(Tracer):
-    """Forwards every span and scale hook to several tracers (entered in order, exited in reverse order).
-
-    Put the timer first if the other tracers' span overhead should be inside its timed regions, last otherwise.
-    """
-
-    def __init__(self, *tracers: Tracer):
-        self.tracers = tuple(t for t in tracers if t is not None)
-        self.enabled = any(getattr(t, "enabled", False) for t in self.tracers)
-
-    def span(self, component: str, scale: int | None = None, block: int | None = None) -> ContextManager:
-        return _CompositeSpan([t.span(component, scale, block) for t in self.tracers])
-
-    def scale_begin(self, scale: int) -> None:
-        for tracer in self.tracers:
-            tracer.scale_begin(scale)
-
-    def scale_end(self, scale: int) -> None:
-        for tracer in reversed(self.tracers):
-            tracer.scale_end(scale)
 
 
 # ----- scheduled profiling ---------------------------------------------------------------------------------

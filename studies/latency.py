@@ -187,18 +187,6 @@ class _AdapterTracer:
             self.adapter.tracer = self.old
 
 
-def _attention_backend(device) -> str:
-    text = "torch.nn.functional.scaled_dot_product_attention"
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        flags = [name for name, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
-                                       ("mem_efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
-                                       ("math", torch.backends.cuda.math_sdp_enabled())) if on]
-        text += f" (CUDA kernels enabled: {', '.join(flags)})"
-    else:
-        text += " (CPU kernel)"
-    return text + "; eager softmax(QK^T) on blocks whose attention a policy observes"
-
-
 def _git() -> dict:
     """Provenance of the report: the same helper the ablation records use."""
     from var_core.eval.records import git_info
@@ -211,7 +199,7 @@ def _environment(adapter, device, settings: LatencySettings, timer_kind: str, me
     Lightning)."""
     from importlib import metadata
 
-    from var_core.eval.records import device_name
+    from var_core.eval.records import device_name, model_dtype, sdpa_backend
 
     packages = {"python": sys.version.split()[0], "platform": platform.platform()}
     for name in ("torch", "numpy", "pandas", "seaborn", "matplotlib"):
@@ -219,16 +207,10 @@ def _environment(adapter, device, settings: LatencySettings, timer_kind: str, me
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             packages[name] = None
-    dtype = None
-    for module in vars(adapter).values():
-        if isinstance(module, torch.nn.Module):
-            param = next(module.parameters(), None)
-            if param is not None:
-                dtype = str(param.dtype).replace("torch.", "")
-                break
+    dtype = model_dtype(adapter)
     env = {
         "git": _git(), "packages": packages, "device": str(device), "device_name": device_name(device),
-        "dtype": dtype, "attention_backend": _attention_backend(device), "threads": torch.get_num_threads(),
+        "dtype": dtype, "attention_backend": sdpa_backend(device), "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(), "hostname": platform.node(),
     }
     env.update({
@@ -562,7 +544,7 @@ def _side_by_side_md(rows: list[dict], reference: str) -> str:
             "text enc. ms": f"{row['text_encode_ms']:.1f}" if row["text_encode_ms"] else "—",
             "transformer ms": f"{row['transformer_ms']:.1f} [{row['transformer_q1']:.1f}–{row['transformer_q3']:.1f}]",
             "VQ decode ms": f"{row['vq_decode_ms']:.1f}",
-            f"speedup (transformer)": f"{row['speedup_transformer']:.2f}× [{row['speedup_transformer_q1']:.2f}–"
+            "speedup (transformer)": f"{row['speedup_transformer']:.2f}× [{row['speedup_transformer_q1']:.2f}–"
                                       f"{row['speedup_transformer_q3']:.2f}]",
             "speedup (end to end)": f"{row['speedup_total']:.2f}×",
             "GFLOPs": f"{row['gflops_transformer']:.3g}",

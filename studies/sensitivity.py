@@ -17,8 +17,9 @@ Writes ``sensitivity.csv`` / ``sensitivity.json`` / ``sensitivity.png`` and one 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+from studies._evaluation_cli import add_evaluation_arguments, evaluation_settings, wandb_mode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,22 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", nargs="+", default=None,
                    help="metrics to plot (default: speedup flops_ratio psnr ssim class_acc fid_proxy — those that "
                         "apply to the model)")
-    p.add_argument("--model", default=None, help="model (default: testbed when its weights are shipped, else "
-                                                  "official-tiny)")
-    p.add_argument("--weights", default=None)
-    p.add_argument("--samples", type=int, default=32, help="samples per point (default 32)")
-    p.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--no-paired-timing", action="store_true",
-                   help="do not re-time the baseline before every evaluation (halves the time; speedups then pair "
-                        "with the baseline timed once, which drifts on a loaded machine)")
-    p.add_argument("--timing-repeats", type=int, default=1,
-                   help="interleaved timed repeats of (baseline, arm); each batch keeps its minimum time (default 1)")
-    p.add_argument("--classifier", default=None)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: torch's); on a shared CPU use 1: with 2 threads and other processes on the 2 "
-                        "cores, OpenMP spin-waiting made generation 20-70x slower here (MEASURED: 100 %% system time)")
+    add_evaluation_arguments(p, unit="point", threads_default="torch's")
     p.add_argument("--out", default=None, help="output folder (re-use it to resume)")
     p.add_argument("--wandb", choices=("offline", "online", "disabled"), default=None,
                    help="W&B mirror (default $WANDB_MODE, else offline)")
@@ -56,20 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from sweeps.evaluate import EvalSettings
     from sweeps.sensitivity import DEFAULT_METRICS, SensitivityError, SensitivitySpec, run_sensitivity
 
-    wandb_mode = args.wandb or os.environ.get("WANDB_MODE") or "offline"
-    if wandb_mode not in ("offline", "online", "disabled"):
-        wandb_mode = "disabled" if wandb_mode in ("dryrun", "off") else "offline"
     spec = SensitivitySpec(
         param=args.field, values=tuple(args.values), method=args.method, overrides=tuple(args.overrides),
         metrics=tuple(args.metrics) if args.metrics else DEFAULT_METRICS,
-        eval=EvalSettings(model=args.model, weights=args.weights, samples=args.samples, batch_size=args.batch_size,
-                          seed=args.seed, warmup=args.warmup, classifier=args.classifier,
-                          paired_timing=not args.no_paired_timing, timing_repeats=args.timing_repeats,
-                          threads=args.threads),
-        out=args.out, wandb=wandb_mode)
+        eval=evaluation_settings(args, args.threads),
+        out=args.out, wandb=wandb_mode(args.wandb))
     try:
         result = run_sensitivity(spec)
     except SensitivityError as exc:

@@ -29,8 +29,9 @@ and their parameters re-queued (journal: the dead worker's pid is detected; RDB:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+from studies._evaluation_cli import add_evaluation_arguments, evaluation_settings, wandb_mode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,21 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler", choices=("nsga2", "tpe", "random"), default="nsga2")
     p.add_argument("--population", type=int, default=None, help="NSGA-II population (default trials/4 in [4, 50])")
     p.add_argument("--seed", type=int, default=0, help="base seed of the samples and of the sampler")
-    p.add_argument("--model", default=None, help="model (default: testbed when its weights are shipped, else "
-                                                  "official-tiny)")
-    p.add_argument("--weights", default=None)
-    p.add_argument("--samples", type=int, default=32, help="samples per trial (default 32)")
-    p.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--no-paired-timing", action="store_true",
-                   help="do not re-time the baseline before every evaluation (halves the time; speedups then pair "
-                        "with the baseline timed once, which drifts on a loaded machine)")
-    p.add_argument("--timing-repeats", type=int, default=1,
-                   help="interleaved timed repeats of (baseline, arm); each batch keeps its minimum time (default 1)")
-    p.add_argument("--classifier", default=None, help="testbed classifier weights (default: the shipped file)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per worker (default: cores / workers); on a shared CPU use 1: with 2 threads and other processes on the 2 "
-                        "cores, OpenMP spin-waiting made generation 20-70x slower here (MEASURED: 100 %% system time)")
+    add_evaluation_arguments(p, unit="trial", threads_default="cores / workers")
     p.add_argument("--out", default=None, help="output folder (re-use it to resume)")
     p.add_argument("--storage", default=None,
                    help="Optuna storage: default a journal file <out>/study.journal; sqlite:///x.db, "
@@ -85,7 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from sweeps.evaluate import EvalSettings
     from sweeps.optuna_study import SweepError, SweepSpec, run_sweep
 
     if args.list:
@@ -100,24 +86,14 @@ def main(argv=None) -> int:
         print(f"tunable fields of {args.method} (path, search space from the knob metadata, current value):")
         print(format_tunable(policy))
         return 0
-    wandb_mode = args.wandb or os.environ.get("WANDB_MODE") or "offline"
-    if wandb_mode not in ("offline", "online", "disabled"):
-        wandb_mode = "disabled" if wandb_mode in ("dryrun", "off") else "offline"
     constraint = None if (args.constraint or "").lower() in ("", "none") else args.constraint
     spec = SweepSpec(
         method=args.method, params=tuple(args.params), overrides=tuple(args.overrides), cost=args.cost,
         quality=args.quality, constraint=constraint, sampler=args.sampler, seed=args.seed, trials=args.trials,
         population=args.population,
-        eval=EvalSettings(model=args.model, weights=args.weights, samples=args.samples, batch_size=args.batch_size,
-                          seed=args.seed, warmup=args.warmup, classifier=args.classifier,
-                          paired_timing=not args.no_paired_timing, timing_repeats=args.timing_repeats,
-                          threads=args.threads if args.workers <= 1 else None),
-        out=args.out, storage=args.storage, study_name=args.study_name, wandb=wandb_mode,
+        eval=evaluation_settings(args, args.threads),
+        out=args.out, storage=args.storage, study_name=args.study_name, wandb=wandb_mode(args.wandb),
         enqueue_default=not args.no_default_trial, timeout=args.timeout)
-    if args.workers > 1 and args.threads:
-        import dataclasses
-
-        spec = dataclasses.replace(spec, eval=dataclasses.replace(spec.eval, threads=args.threads))
     try:
         result = run_sweep(spec, workers=args.workers)
     except SweepError as exc:

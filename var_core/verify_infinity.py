@@ -90,7 +90,6 @@ def verify_infinity_fixture(folder: Path) -> list[Check]:
     model, vae, config = load_fixture_models(folder)
     checks: list[Check] = []
     inputs = torch.load(folder / "inputs.pt", map_location="cpu", weights_only=True)
-    patchify = model.cfg.apply_spatial_patchify
 
     # ---- tokenizer ---------------------------------------------------------------------------------------------
     gv = torch.load(folder / "golden_vae.pt", map_location="cpu", weights_only=True)

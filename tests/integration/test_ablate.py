@@ -19,14 +19,6 @@ from var_core.eval import records as rec  # noqa: E402
 SMALL = dict(model="official-tiny", samples=4, batch_size=2, warmup=0, progress=False, seed=1, threads=1)
 
 
-@pytest.fixture(autouse=True)
-def _wandb_out_of_home(tmp_path, monkeypatch):
-    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / "wandb-env" / var.lower()))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_X_DISABLE_STATS", "true")
-
-
 # ----- --set -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("item, message", [
     ("schedule.tauu=0.7", "Did you mean 'schedule.tau'"),

@@ -14,14 +14,6 @@ from sweeps.evaluate import EvalSettings
 from sweeps.optuna_study import SweepSpec, pareto_mask, run_sweep
 
 
-@pytest.fixture(autouse=True)
-def _wandb_out_of_home(tmp_path, monkeypatch):
-    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / "wandb-env" / var.lower()))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_X_DISABLE_STATS", "true")
-
-
 def test_tiny_sweep_front_is_non_dominated_and_resume_adds_nothing(tmp_path, fixture_dir):
     out = tmp_path / "sweep"
     spec = SweepSpec(method="ldpruning", params=("rho", "delta"), trials=4, sampler="nsga2", seed=3,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -10,7 +9,6 @@ import torch
 
 from var_core.engine import (GenerationOptions, GuidanceMode, NonFiniteLogitsError, Policy, SamplingConfig,
                              ScalePlan, generate)
-from var_core.engine.kvcache import KVCache
 from var_core.engine.reference_loop import reference_generate
 from var_core.models.loading import CheckpointError, CheckpointMismatchError
 from var_core.models.zoo import load_model, load_var_files

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from ..engine.context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
+from ..engine.context import GenerationInfo, ScaleContext, ScalePlan, ScaleRecord
 from ..engine.policy import Policy, TokenSelection
 from .base import Component, Needs, Signals
-from .knobs import Range, knob
+from .knobs import knob
 from .registry import REGISTRIES
 
 COMPONENT_KINDS = ("scorer", "activation", "schedule", "restorer", "guidance", "skip")

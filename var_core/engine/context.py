@@ -8,7 +8,7 @@ Everything here is read-only data. Hooks receive a :class:`ScaleContext` and ret
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 

@@ -8,7 +8,7 @@ field to :class:`~var_core.engine.context.ScalePlan`), not a branch on a method 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -143,6 +143,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     kept_counts: list[tuple[int, ...]] = []
     lens_rows: list[tuple[int, int]] = []
     packed_counts: list[tuple[int | None, ...]] = []
+    packing, last_keep = None, None
     for block in range(ctx.num_blocks):
         x_in_RNC = x_RNC
         want_probs = block in plan.attention_blocks
@@ -157,7 +158,10 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
                 else:
                     keep_Rn = selection
             tokens_in = x_RNC if keep_Rn is None else gather_tokens(x_RNC, keep_Rn)
-            packing = adapter.row_packing(keep_Rn, valid_Rn) if valid_Rn is not None else None
+            if valid_Rn is None:
+                packing, last_keep = None, None
+            elif keep_Rn is not last_keep:  # a block-level selection serves both branches: pack it once
+                packing, last_keep = adapter.row_packing(keep_Rn, valid_Rn), keep_Rn
             with tracer.span(branch, si, block):
                 out, probs = adapter.run_branch(state, si, block, branch, tokens_in, keep_Rn, valid_Rn, cache,
                                                 want_probs and branch == "attn", packing=packing)

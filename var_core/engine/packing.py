@@ -23,6 +23,7 @@ class RowPacking:
         R, n = valid_Rn.shape
         self.valid_Rn = valid_Rn
         self._flat_valid = valid_Rn.reshape(-1).nonzero().squeeze(1)
+        self._row_of_token = torch.div(self._flat_valid, n, rounding_mode="floor")
         self.total = int(self._flat_valid.numel())
         # packed position of every valid slot; a padding slot reads the packed position of the token it repeats
         packed_pos = torch.full((R * n,), -1, dtype=torch.long, device=valid_Rn.device)
@@ -42,9 +43,12 @@ class RowPacking:
         return float(valid_Rn.float().mean()) <= 1.0 - min_saving
 
     def pack(self, x_RnC: torch.Tensor) -> torch.Tensor:
-        """``[T, C]``: the valid tokens of every row, row after row. Broadcast ``[R, 1, C]`` inputs are expanded."""
+        """``[T, C]``: the valid tokens of every row, row after row. Per-row ``[R, 1, C]`` inputs (AdaLN
+        modulations) are repeated for each of the row's valid tokens."""
         R, n = self.valid_Rn.shape
-        return x_RnC.expand(R, n, x_RnC.shape[-1]).reshape(R * n, -1).index_select(0, self._flat_valid)
+        if x_RnC.shape[1] == 1 and n != 1:
+            return x_RnC[:, 0].expand(R, x_RnC.shape[-1]).index_select(0, self._row_of_token)
+        return x_RnC.reshape(R * n, -1).index_select(0, self._flat_valid)
 
     def unpack(self, y_TC: torch.Tensor) -> torch.Tensor:
         """``[R, n, C]`` with padding slots holding the output of the token they copy."""

@@ -8,7 +8,7 @@ manager, so instrumentation costs one attribute lookup and one call per span whe
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from typing import Any, ContextManager
 
 _NULL_CONTEXT = contextlib.nullcontext()
 
@@ -33,3 +33,49 @@ class Tracer:
 
 
 NULL_TRACER = Tracer()
+
+
+class _CompositeSpan:
+    __slots__ = ("_contexts",)
+
+    def __init__(self, contexts: list[ContextManager]):
+        self._contexts = contexts
+
+    def __enter__(self) -> "_CompositeSpan":
+        entered = []
+        try:
+            for context in self._contexts:
+                context.__enter__()
+                entered.append(context)
+        except BaseException:
+            for context in reversed(entered):
+                context.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for context in reversed(self._contexts):
+            context.__exit__(*exc)
+
+
+class CompositeTracer(Tracer):
+    """Forwards every span and scale hook to several tracers (entered in order, exited in reverse order), since
+    the loop takes one tracer. ``None`` entries are dropped.
+
+    Put a timer first if the other tracers' span overhead should be inside its timed regions, last otherwise.
+    """
+
+    def __init__(self, *tracers: Tracer | None):
+        self.tracers = tuple(t for t in tracers if t is not None)
+        self.enabled = any(getattr(t, "enabled", False) for t in self.tracers)
+
+    def span(self, component: str, scale: int | None = None, block: int | None = None) -> ContextManager:
+        return _CompositeSpan([t.span(component, scale, block) for t in self.tracers])
+
+    def scale_begin(self, scale: int) -> None:
+        for tracer in self.tracers:
+            tracer.scale_begin(scale)
+
+    def scale_end(self, scale: int) -> None:
+        for tracer in reversed(self.tracers):
+            tracer.scale_end(scale)

@@ -33,7 +33,6 @@ straight through to the Trainer.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -43,7 +42,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -55,11 +54,11 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from ..engine import GenerationOptions, Policy, SamplingConfig, generate
-from ..engine.tracing import NULL_TRACER, Tracer
+from ..engine.tracing import NULL_TRACER, CompositeTracer, Tracer
 
 __all__ = [
     "ConditionSet", "ConditionDataset", "GenerationDataModule", "GenerationModule", "GenerationRun",
-    "FanoutTracer", "TracerProbe", "run_generation", "sample_seed", "TIMED_REGION",
+    "TracerProbe", "run_generation", "sample_seed", "TIMED_REGION",
 ]
 
 TIMED_REGION = ("generate() per batch: transformer + policy hooks + sampling + VQ decode + attached tracer spans; "
@@ -164,29 +163,6 @@ class GenerationDataModule(pl.LightningDataModule):
 
 
 # ----- tracing -------------------------------------------------------------------------------------------------
-class FanoutTracer(Tracer):
-    """Hands every span and scale event to several tracers (the engine takes one)."""
-
-    enabled = True
-
-    def __init__(self, tracers: Sequence[Tracer]):
-        self.tracers = list(tracers)
-
-    def span(self, component, scale=None, block=None):
-        stack = contextlib.ExitStack()
-        for tracer in self.tracers:
-            stack.enter_context(tracer.span(component, scale, block))
-        return stack
-
-    def scale_begin(self, scale: int) -> None:
-        for tracer in self.tracers:
-            tracer.scale_begin(scale)
-
-    def scale_end(self, scale: int) -> None:
-        for tracer in reversed(self.tracers):
-            tracer.scale_end(scale)
-
-
 class TracerProbe:
     """A probe that only hands a fresh tracer (from ``factory()``) to every timed batch."""
 
@@ -203,7 +179,7 @@ def _combine(tracers: Sequence[Tracer | None]) -> Tracer:
     tracers = [t for t in tracers if t is not None]
     if not tracers:
         return NULL_TRACER
-    return tracers[0] if len(tracers) == 1 else FanoutTracer(tracers)
+    return tracers[0] if len(tracers) == 1 else CompositeTracer(*tracers)
 
 
 # ----- the module --------------------------------------------------------------------------------------------

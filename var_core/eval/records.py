@@ -22,7 +22,7 @@ import platform
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,12 @@ def attention_backend(adapter: Any) -> str:
     explicit = getattr(adapter, "attention_backend", None)
     if explicit:
         return str(explicit)
-    device = getattr(adapter, "device", torch.device("cpu"))
+    return sdpa_backend(getattr(adapter, "device", torch.device("cpu")))
+
+
+def sdpa_backend(device: torch.device | str) -> str:
+    """Which attention kernels generation on ``device`` may use (recorded with every measurement)."""
+    device = torch.device(device)
     text = "torch.nn.functional.scaled_dot_product_attention"
     if device.type == "cuda" and torch.cuda.is_available():
         flags = [name for name, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
@@ -153,16 +158,20 @@ def attention_backend(adapter: Any) -> str:
     return text + "; eager softmax(QK^T) on blocks whose attention a policy observes"
 
 
-def environment_info(adapter: Any, *, accelerator: str, devices: Any, strategy: str, processes: list[dict] | None
-                     = None) -> dict:
-    device = getattr(adapter, "device", torch.device("cpu"))
-    dtype = None
+def model_dtype(adapter: Any) -> str | None:
+    """dtype of the adapter's first module with parameters (``"float32"``, ``"bfloat16"`` …)."""
     for module in vars(adapter).values():
         if isinstance(module, torch.nn.Module):
             param = next(module.parameters(), None)
             if param is not None:
-                dtype = str(param.dtype).replace("torch.", "")
-                break
+                return str(param.dtype).replace("torch.", "")
+    return None
+
+
+def environment_info(adapter: Any, *, accelerator: str, devices: Any, strategy: str, processes: list[dict] | None
+                     = None) -> dict:
+    device = getattr(adapter, "device", torch.device("cpu"))
+    dtype = model_dtype(adapter)
     return {
         "git": git_info(), "packages": package_versions(), "device": str(device), "device_name": device_name(device),
         "dtype": dtype, "attention_backend": attention_backend(adapter), "threads": torch.get_num_threads(),

@@ -16,7 +16,7 @@ Official behaviours deliberately *not* reproduced:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import torch

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                  plots=not args.no_plots, timing=not args.no_timing)
     per_class = " ".join(f"{k}={v:.2f}" for k, v in m["class_accuracy_per_class"].items())
     print(f"per-class accuracy: {per_class}")
-    print(f"entropy per token by scale (nats): " + " ".join(f"{v:.2f}" for v in m["entropy_per_token_mean_by_scale"]))
+    print("entropy per token by scale (nats): " + " ".join(f"{v:.2f}" for v in m["entropy_per_token_mean_by_scale"]))
     if m["generation_seconds_16_images"] is not None:
         print(f"load {m['load_seconds']:.2f}s, 16 images in {m['generation_seconds_16_images']:.2f}s")
     print(f"class_accuracy={m['class_accuracy']:.4f} fid_proxy={m['fid_proxy']:.3f} fid_floor={m['fid_floor']:.3f} "

@@ -505,8 +505,6 @@ def encode_tokens(vae: VQVAE, images_u8: torch.Tensor, batch_size: int = 256) ->
 def _token_cache(out: Path, vae: VQVAE, cfg: VARTrainConfig, cache: bool) -> tuple[torch.Tensor, torch.Tensor]:
     import hashlib
 
-    from safetensors.torch import load_file
-
     digest = hashlib.sha1((out / "vqvae.safetensors").read_bytes()).hexdigest()[:10]
     path = out / "cache" / f"tokens_n{cfg.n_images}_s{cfg.data_seed}_vq{digest}.pt"
     if cache and path.exists():
