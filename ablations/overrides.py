@@ -21,6 +21,7 @@ import typing
 from dataclasses import dataclass
 
 from var_core.accel.knobs import coerce
+from var_core.errors import UserError
 from var_core.accel.policy import COMPONENT_KINDS, PolicyConfig
 
 from .base import Arm
@@ -28,7 +29,7 @@ from .base import Arm
 __all__ = ["Override", "OverrideError", "parse_overrides", "apply_overrides", "valid_keys"]
 
 
-class OverrideError(ValueError):
+class OverrideError(UserError, ValueError):
     """A ``--set`` that cannot be applied; the message names the valid keys or the valid range."""
 
 

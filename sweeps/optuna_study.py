@@ -72,6 +72,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from var_core.errors import UserError
+
 from .evaluate import METRICS, EvalSettings, SweepEvaluator, metric_value
 from .spaces import SpaceError, SweepSpace, apply_overrides, build_space
 
@@ -87,7 +89,7 @@ BASELINE_ATTR = "varscope.baseline"
 STALE_AFTER = 600.0
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """A sweep that cannot start (bad space, metric, constraint, storage or a mismatched resume)."""
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from var_core.errors import UserError
 from var_core.accel.knobs import coerce
 
 from .evaluate import METRICS, EvalSettings, SweepEvaluator, metric_value
@@ -40,7 +41,7 @@ DEFAULT_METRICS = ("speedup", "flops_ratio", "psnr", "ssim", "class_acc", "fid_p
 DEFAULT_METHOD = "nova"
 
 
-class SensitivityError(ValueError):
+class SensitivityError(UserError, ValueError):
     """A grid that cannot run (unknown field, bad value, unmeasurable metric)."""
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from var_core.accel.knobs import SearchSpace, coerce
+from var_core.errors import UserError
 from var_core.accel.policy import COMPONENT_KINDS, PolicyConfig
 
 __all__ = [
@@ -52,7 +53,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 SUFFIX_ALIASES = {"lam"}  # ``lambda`` also matches ``scale_lam`` / ``layer_lam``
 
 
-class SpaceError(ValueError):
+class SpaceError(UserError, ValueError):
     """A field or range that cannot be swept for this policy; the message lists what can."""
 
 

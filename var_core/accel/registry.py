@@ -7,12 +7,14 @@ lists every registered component with the first line of its docstring.
 from __future__ import annotations
 
 import difflib
+
+from ..errors import UserError
 import importlib
 import pkgutil
 from typing import Callable, Iterator
 
 
-class UnknownComponentError(KeyError):
+class UnknownComponentError(UserError, KeyError):
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0])
 

@@ -18,12 +18,13 @@ from typing import Mapping
 
 import torch
 
+from ..errors import UserError
 from .var import VARConfig
 
 _WRAPPER_KEYS = ("state_dict", "model", "module", "ema", "vae")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint file is missing, unreadable or inconsistent with the requested architecture."""
 
 
