@@ -19,12 +19,13 @@ SAME = ("arm", "config_hash", "key", "policy", "samples", "sampling")
 
 
 def test_two_process_ddp_gives_the_same_records(tmp_path):
-    common = dict(family="cache", model="official-tiny", samples=6, batch_size=2, warmup=0, progress=False,
-                  wandb="disabled", plots=False, arms=("restorer=identity",), threads=1, seed=3)
+    # LD-Pruning: ragged per-sample keep counts and tied Haar energies, where batch dependence would show
+    common = dict(family="method", model="official-tiny", samples=6, batch_size=2, warmup=0, progress=False,
+                  wandb="disabled", plots=False, arms=("ldpruning",), threads=1, seed=3, timing_rounds=0)
     one = run_study(StudyOptions(out=str(tmp_path / "one"), devices=1, **common), log=lambda s: None)
     two = run_study(StudyOptions(out=str(tmp_path / "two"), devices=2, strategy="ddp_spawn", **common),
                     log=lambda s: None)
-    assert one.computed == two.computed == ["baseline", "restorer=identity"]
+    assert one.computed == two.computed == ["baseline", "ldpruning"]
     for name in one.computed:
         a = rec.read_record(rec.record_paths(tmp_path / "one", name)[0])
         b = rec.read_record(rec.record_paths(tmp_path / "two", name)[0])

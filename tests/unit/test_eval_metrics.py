@@ -114,3 +114,116 @@ def test_standard_metrics_need_local_weights(tmp_path):
         clip_score(imgs, ["a", "b"], None)
     with pytest.raises(MetricUnavailable, match="not found"):
         clip_score(imgs, ["a", "b"], tmp_path / "nope")
+
+
+# ----- PSNR summaries (issue 11) ---------------------------------------------------------------------------
+def _shifted_set():
+    """Four 8-bit images of constant level 100; the arm shifts image 0 by 10 levels, image 1 by 1 level and
+    leaves images 2 and 3 untouched (identical)."""
+    base = torch.full((4, 3, 32, 32), 100 / 255)
+    arm = base.clone()
+    arm[0] += 10 / 255
+    arm[1] += 1 / 255
+    return arm, base
+
+
+def test_psnr_summaries_hand_computed_from_images():
+    from var_core.eval.metrics import MetricContext, compute_arm_metrics
+
+    arm, base = _shifted_set()
+    tokens = [[] for _ in range(4)]
+    m = compute_arm_metrics(arm, base, torch.zeros(4, dtype=torch.long), tokens, tokens, MetricContext())
+    # by hand: MSE = (10/255)^2 and (1/255)^2 -> PSNR = 20 log10(25.5) = 28.1308 dB and 20 log10(255) = 48.1308 dB
+    assert m.per_sample["identical"] == [0.0, 0.0, 1.0, 1.0]
+    assert m.per_sample["psnr"][:2] == pytest.approx([28.1308, 48.1308], abs=1e-3)
+    diff = m.set_level["psnr_differing"]
+    assert diff["mean"] == pytest.approx((28.1308 + 48.1308) / 2, abs=1e-3) and diff["n"] == 2
+    assert diff["low"] == pytest.approx(28.1308, abs=1e-3) and diff["high"] == pytest.approx(48.1308, abs=1e-3)
+    # PSNR of the mean MSE over all four: mean MSE = (100 + 1 + 0 + 0) / (4 * 255^2) -> 10 log10(260100 / 101)
+    pooled = m.set_level["psnr_mean_mse"]
+    assert pooled["mean"] == pytest.approx(34.1080, abs=1e-3) and pooled["n"] == 4
+    assert pooled["low"] <= pooled["mean"] <= pooled["high"]
+    # the old capped mean is still there (per sample) and is what the new summaries correct: (28.13+48.13+200)/4
+    assert np.mean(m.per_sample["psnr"]) == pytest.approx(69.0654, abs=1e-3)
+
+
+def test_psnr_summaries_all_identical_and_inferred_flags():
+    from var_core.eval.metrics import psnr_summaries
+
+    out = psnr_summaries([PSNR_CAP] * 3, [1, 1, 1])
+    assert out["psnr_differing"]["n"] == 0 and np.isnan(out["psnr_differing"]["mean"])
+    assert "identical" in out["psnr_differing"]["method"]
+    assert out["psnr_mean_mse"]["mean"] == PSNR_CAP and out["psnr_mean_mse"]["n"] == 3
+    # flags default to psnr >= cap; a missing value is dropped: MSE 1e-3 and 1e-4 -> mean 5.5e-4 -> 32.5964 dB
+    out = psnr_summaries([30.0, None, 40.0, PSNR_CAP])
+    assert out["psnr_differing"]["mean"] == pytest.approx(35.0) and out["psnr_differing"]["n"] == 2
+    assert out["psnr_mean_mse"]["mean"] == pytest.approx(10 * np.log10(3 / (1e-3 + 1e-4)), abs=1e-9)
+    assert out["psnr_mean_mse"]["n"] == 3
+
+
+# ----- KID interval (issue 11) -----------------------------------------------------------------------------
+def _mmd_positions(fx, fy, ix, iy):
+    """Unbiased MMD^2 with the cubic polynomial kernel by explicit loops over resample positions, skipping pairs
+    of positions that hold the same original sample."""
+    d = fx.shape[1]
+
+    def k(a, b):
+        return (a @ b / d + 1.0) ** 3
+
+    def within(f, idx):
+        total, count = 0.0, 0
+        for p in range(len(idx)):
+            for q in range(len(idx)):
+                if idx[p] != idx[q]:
+                    total += k(f[idx[p]], f[idx[q]])
+                    count += 1
+        return total / count
+
+    cross = np.mean([[k(fx[i], fy[j]) for j in iy] for i in ix])
+    return within(fx, ix) + within(fy, iy) - 2 * cross
+
+
+def test_kid_unbiased_matches_torchmetrics_and_position_loops():
+    from torchmetrics.image.kid import poly_mmd
+
+    from var_core.eval.metrics import _poly_kernel, kid_unbiased
+
+    rng = np.random.default_rng(3)
+    fx, fy = rng.normal(size=(7, 5)), rng.normal(0.3, 1.0, size=(7, 5))
+    kxx, kyy, kxy = _poly_kernel(fx, fx), _poly_kernel(fy, fy), _poly_kernel(fx, fy)
+    ref = float(poly_mmd(torch.from_numpy(fx), torch.from_numpy(fy)))
+    assert kid_unbiased(kxx, kyy, kxy) == pytest.approx(ref, rel=1e-10)
+    ix = np.array([0, 0, 2, 3, 3, 3, 6])
+    iy = np.array([1, 1, 1, 4, 5, 6, 6])
+    w = lambda idx: np.bincount(idx, minlength=7).astype(float)  # noqa: E731
+    assert kid_unbiased(kxx, kyy, kxy, w(ix), w(iy)) == pytest.approx(_mmd_positions(fx, fy, ix, iy), rel=1e-10)
+
+
+def test_kid_bootstrap_interval_pinned_against_loop_bootstrap():
+    from var_core.eval.metrics import kid_bootstrap
+
+    rng = np.random.default_rng(5)
+    fx, fy = rng.normal(size=(6, 4)), rng.normal(0.5, 1.0, size=(6, 4))
+    lo, hi, method = kid_bootstrap(fx, fy, paired=True, n_resamples=20, seed=11)
+    draws = np.random.default_rng(11)
+    values = []
+    for _ in range(20):
+        idx = draws.integers(0, 6, 6)
+        values.append(_mmd_positions(fx, fy, idx, idx))
+    assert (lo, hi) == pytest.approx(tuple(np.quantile(values, [0.025, 0.975])), rel=1e-9)
+    assert hi > lo and "bootstrap" in method
+
+
+def test_kid_interval_not_degenerate_when_n_at_most_subset_size():
+    from torchmetrics.image.kid import poly_mmd
+
+    feats = _Features()
+    a, b = _images(24, 32, 0), _images(24, 32, 1)  # 24 <= the subset size of 50: every subset was the whole set
+    kid = fid_kid(a, b, feats, paired=True, n_resamples=50)["kid_proxy"]
+    with torch.no_grad():
+        fa, fb = feats(quantize01(a)).double(), feats(quantize01(b)).double()
+    assert kid["mean"] == pytest.approx(float(poly_mmd(fb, fa)), rel=1e-3, abs=1e-6)
+    assert kid["low"] < kid["high"] and kid["low"] <= kid["mean"] <= kid["high"] and kid["n"] == 24
+    small = fid_kid(a[:3], b[:3], feats, paired=True, n_resamples=10)["kid_proxy"]
+    assert np.isnan(small["low"]) and np.isnan(small["high"]) and "n too small" in small["method"]
+    assert np.isfinite(small["mean"]) and small["n"] == 3

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from var_core.eval.stats import (Summary, bootstrap_ci, format_summary, paired_bootstrap_ratio, paired_wilcoxon)
+from var_core.eval.stats import (Summary, bootstrap_ci, format_summary, holm_adjust, paired_bootstrap_ratio,
+                                 paired_wilcoxon)
 
 
 @pytest.mark.parametrize("dist", ["normal", "exponential"])
@@ -71,3 +72,81 @@ def test_format_summary():
     assert format_summary(Summary(1.23456, 1.1, 1.3, 10), 2) == "1.23 [1.10, 1.30]"
     assert "n=10" in format_summary(Summary(1.0, 0.5, 1.5, 10).to_dict(), show_n=True)
     assert format_summary(Summary(float("nan"), float("nan"), float("nan"), 0)) == "n/a"
+
+
+def test_holm_adjust_hand_worked():
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
+    assert holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # missing tests are not in the family (m = 2) and stay NaN; adjusted values are capped at 1
+    out = holm_adjust([0.5, None, 0.4, float("nan")])
+    assert out[[0, 2]] == pytest.approx([0.8, 0.8]) and np.isnan(out[1]) and np.isnan(out[3])
+    assert holm_adjust([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+    assert holm_adjust([]).size == 0
+
+
+def test_summary_from_json_nulls():
+    # NaN is written to JSON as null: a reused record must still format
+    assert format_summary({"mean": None, "low": None, "high": None, "n": 0, "level": 0.95, "method": "x"}) == "n/a"
+    assert format_summary({"mean": 1.5, "low": None, "high": None, "n": 4, "level": 0.95, "method": "x"}, 2) == "1.50"
+
+
+def _record(arm, role, per_sample, tests=None, summary=None):
+    return {
+        "arm": arm, "role": role, "changes": "", "description": arm, "config_hash": f"h{arm}", "family": "scorer",
+        "model": {"name": "testbed"}, "sampling": {"cfg": 1.5, "top_k": 100, "top_p": 0.95},
+        "environment": {"device_name": "cpu", "device": "cpu", "threads": 1, "dtype": "float32", "git": {}},
+        "samples": {"n": 4, "base_seed": 0, "hash": "abc"},
+        "timing": {"batch_size": 4, "warmup_generations": 1, "batches": [{"size": 4}]},
+        "summary": {"ms_per_image": {"mean": 10.0, "low": 9.0, "high": 11.0, "n": 1, "level": 0.95,
+                                     "method": "BCa"}, **(summary or {})},
+        "metrics": {"per_sample": per_sample, "wilcoxon_vs_baseline": tests or {}, "unavailable": {}},
+    }
+
+
+def _test(p):
+    return {"statistic": 1.0, "p_value": p, "n": 4, "n_nonzero": 4, "median_difference": 0.1}
+
+
+def test_report_table_shows_psnr_differing_identical_and_holm(tmp_path):
+    pd = pytest.importorskip("pandas")
+    from ablations.report import write_table
+
+    speedup = {"speedup": {"mean": 1.2, "low": 1.1, "high": 1.3, "n": 1, "level": 0.95, "method": "BCa"}}
+    records = [
+        _record("baseline", "baseline", {}),
+        # no psnr_differing in the summary (a record from before): the table computes it from the per-sample PSNR
+        _record("a", "arm", {"psnr": [100.0, 100.0, 30.0, 40.0], "identical": [1.0, 1.0, 0.0, 0.0]},
+                {"class_prob": _test(0.01), "entropy_mean": _test(0.04)},
+                dict(speedup, identical={"mean": 0.5, "low": 0.0, "high": 1.0, "n": 4, "level": 0.95, "method": "x"},
+                     psnr={"mean": 67.5, "low": 30.0, "high": 100.0, "n": 4, "level": 0.95, "method": "BCa"})),
+        _record("b", "arm", {"psnr": [100.0] * 4, "identical": [1.0] * 4},
+                {"class_prob": _test(0.03), "entropy_mean": _test(0.005)},
+                dict(speedup, identical={"mean": 1.0, "low": 1.0, "high": 1.0, "n": 4, "level": 0.95, "method": "x"})),
+    ]
+    write_table(tmp_path, records, [])
+    md = (tmp_path / "table.md").read_text().splitlines()
+    header = next(line for line in md if line.startswith("| arm | n |"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert "PSNR dB (differing)" in cols and "identical" in cols and "PSNR dB (capped mean)" not in cols
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in md
+            if line.startswith(("| a |", "| b |")) and line.count("|") == header.count("|")}
+    i_psnr, i_ident = cols.index("PSNR dB (differing)"), cols.index("identical")
+    assert rows["a"][i_psnr].startswith("35.00") and rows["a"][i_ident] == "2/4"  # mean of 30 and 40 dB
+    assert rows["b"][i_psnr] == "all identical" and rows["b"][i_ident] == "4/4"
+    assert any("PSNR dB (differing)" in line and "capped at 100 dB" in line for line in md)
+    # Wilcoxon table: raw p beside Holm over the 4 tests (hand-worked: 0.03, 0.06, 0.06, 0.02)
+    assert any("Holm-Bonferroni adjusted over the family of all 4 tests" in line for line in md)
+    assert "| arm | metric | n | non-zero | median diff | p | p (Holm) |" in md
+    tests = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line.strip("|").split("|")[-1].strip()
+             for line in md if line.count("|") == 8 and ("class_prob" in line or "entropy_mean" in line)}
+    assert tests == {("a", "class_prob"): "0.03", ("a", "entropy_mean"): "0.06", ("b", "class_prob"): "0.06",
+                     ("b", "entropy_mean"): "0.02"}
+    frame = pd.read_csv(tmp_path / "table.csv").set_index("arm")
+    assert frame.loc["a", "wilcoxon_p_class_prob"] == pytest.approx(0.01)
+    assert frame.loc["a", "wilcoxon_p_holm_class_prob"] == pytest.approx(0.03)
+    assert frame.loc["b", "wilcoxon_p_holm_entropy_mean"] == pytest.approx(0.02)
+    assert frame.loc["a", "psnr_differing"] == pytest.approx(35.0) and frame.loc["a", "psnr_differing_n"] == 2
+    # 10 log10(1 / mean MSE), MSE 1e-3, 1e-4, 0, 0 -> 10 log10(4 / 1.1e-3) = 35.6067 dB
+    assert frame.loc["a", "psnr_mean_mse"] == pytest.approx(35.6067, abs=1e-4)
+    assert frame.loc["a", "psnr"] == pytest.approx(67.5)  # the old key is still in the CSV
+    assert frame.loc["b", "psnr_mean_mse"] == pytest.approx(100.0) and frame.loc["b", "psnr_differing_n"] == 0

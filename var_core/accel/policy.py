@@ -60,6 +60,11 @@ class PolicyConfig:
                                     low=0)
     exempt_last_blocks: int = knob(0, "blocks at the end that are never pruned (FastVAR's Infinity code: 4)", low=0)
     min_keep: int = knob(1, "smallest number of tokens any pruned branch keeps per row", low=1)
+    rank_bits: int = knob(16, "scores are rounded to steps of 2^-rank_bits of the row's largest finite |score| "
+                          "before ranking (ties go to the lower position), so float noise from batch-size-"
+                          "dependent kernels (~1e-6 relative) cannot reorder near-ties: a sample keeps the same "
+                          "tokens alone and in a batch. 0 ranks the raw scores (the official codes' topk)",
+                          low=0, high=52)
 
     def __post_init__(self) -> None:
         for kind in COMPONENT_KINDS:
@@ -199,6 +204,7 @@ class AccelPolicy(Policy):
         if forced is not None:
             forced = forced.to(scores.device)
             scores = scores.masked_fill(forced.view(1, N), float("inf"))
+        scores = rank_grid(scores, self.config.rank_bits)
         with self._span("schedule", ctx.scale_index, block):
             counts = self.schedule.keep_counts(ctx, block, branch, scores, self.signals)
         if counts is None:
@@ -246,14 +252,33 @@ class AccelPolicy(Policy):
         return None if self.signals is None else self.signals.activation_scale_B
 
 
+def rank_grid(scores_RN: torch.Tensor, bits: int) -> torch.Tensor:
+    """Scores rounded to multiples of ``2^-bits · max_r |finite score|`` of their row (``bits=0``: unchanged).
+
+    Infinite scores (forced keeps) and NaN pass through. The grid is per row, so the result depends on the row
+    alone; values closer than one step become exact ties, which :func:`top_tokens` breaks by position.
+    """
+    if bits <= 0:
+        return scores_RN
+    finite = torch.isfinite(scores_RN)
+    scale_R1 = torch.where(finite, scores_RN.abs(), torch.zeros_like(scores_RN)).amax(1, keepdim=True)
+    step_R1 = (scale_R1 * 2.0 ** -bits).clamp_min(torch.finfo(scores_RN.dtype).tiny)
+    return torch.where(finite, torch.round(scores_RN / step_R1) * step_R1, scores_RN)
+
+
 def top_tokens(scores_RN: torch.Tensor, counts_R: torch.Tensor, n_max: int):
     """Indices of the ``counts[r]`` highest-scoring tokens of each row, sorted by position.
 
-    Rows keeping fewer than ``n_max`` are padded (repeating their first kept index) and marked invalid in a
-    :class:`TokenSelection`, so each sample's result is independent of its batch neighbours.
+    The order is total and a function of the row alone: score descending, ties broken by the lower position.
+    (``topk`` is not: which of several tied tokens survives depends on ``k``, i.e. on the batch's largest keep
+    count, and Haar energies tie exactly inside 2×2 cells.) Rows keeping fewer than ``n_max`` are padded
+    (repeating their first kept index) and marked invalid in a :class:`TokenSelection`, so each sample's result
+    is independent of its batch neighbours.
     """
     R, N = scores_RN.shape
-    idx_desc = scores_RN.topk(n_max, dim=1, largest=True, sorted=True).indices
+    # a stable sort keeps the original (position) order among equal scores; NaN would break the total order
+    scores_RN = torch.nan_to_num(scores_RN, nan=float("-inf"))
+    idx_desc = scores_RN.sort(dim=1, descending=True, stable=True).indices[:, :n_max]
     valid = torch.arange(n_max, device=scores_RN.device).view(1, -1) < counts_R.view(-1, 1)
     if bool(valid.all()):
         return idx_desc.sort(dim=1).values

@@ -10,7 +10,17 @@ Per sample (paired with the baseline sample of the same index, label and seed):
   class-conditional model whose classes and image size match the classifier's (the testbed); otherwise ``n/a``
   with the reason.
 
-Per set (with a bootstrap interval over samples, see :func:`fid_bootstrap`):
+Per arm, from the per-sample PSNR (:func:`psnr_summaries`; in ``set_level`` and so in every summary):
+
+* ``psnr_differing``: mean PSNR over the samples whose image differs from the baseline's (``n`` = how many);
+  ``n = 0`` and NaN when every image is identical. The plain ``psnr`` summary averages the capped per-sample
+  values, so identical images (100 dB each) inflate it: an arm with a third of its images untouched can show
+  ~50 dB while its changed images average ~35 dB. Read ``psnr_differing`` together with the identical fraction
+  (the ``identical`` summary, mean of the per-sample 0/1 flags).
+* ``psnr_mean_mse``: ``10 log10(1 / mean MSE)`` over all samples (identical images count as MSE 0), capped at
+  :data:`PSNR_CAP` when all are identical — one number that weighs identical images without a cap artefact.
+
+Per set (with a bootstrap interval over samples, see :func:`fid_bootstrap` / :func:`kid_bootstrap`):
 
 * ``fid_proxy`` / ``kid_proxy``: FID / KID between the arm's and the baseline's images in the testbed
   classifier's 128-d feature space (torchmetrics ``feature=ClassifierFeatureExtractor``); ``fid_real``: the same
@@ -26,6 +36,7 @@ baseline's stored images computes exactly the numbers a fresh run does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -35,14 +46,17 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .stats import Summary
+
 __all__ = [
     "PSNR_CAP", "MetricUnavailable", "MetricContext", "quantize01", "fidelity_per_sample", "ms_ssim_settings",
     "token_agreement", "classifier_compatibility", "class_correct", "classify", "ArmMetrics", "fid_kid", "inception_score_proxy",
-    "frechet_distance", "CachedExtractor",
+    "frechet_distance", "CachedExtractor", "psnr_summaries", "kid_unbiased", "kid_bootstrap", "MIN_KID_BOOTSTRAP",
     "fid_bootstrap", "inception_fid", "clip_score", "compute_arm_metrics",
 ]
 
 PSNR_CAP = 100.0  # dB given to identical images (8-bit images never exceed ~90 dB otherwise)
+MIN_KID_BOOTSTRAP = 4  # fewer samples: KID gets no interval (NaN bounds, method says "n too small")
 
 
 class MetricUnavailable(RuntimeError):
@@ -97,6 +111,50 @@ def fidelity_per_sample(arm_B3HW: torch.Tensor, base_B3HW: torch.Tensor) -> tupl
                                                             normalize="relu", **kwargs)
         values["ms_ssim"] = ms.double().numpy()
     return values, unavailable
+
+
+def psnr_summaries(psnr: Sequence[float | None], identical: Sequence[float | None] | None = None, *,
+                   seed: int = 0) -> dict[str, dict]:
+    """``psnr_differing`` and ``psnr_mean_mse`` Summary dicts from per-sample PSNR (dB) and identical flags.
+
+    ``identical`` defaults to ``psnr >= PSNR_CAP``. A sample's MSE is ``10 ** (-psnr / 10)`` (0 when identical);
+    samples with a missing PSNR are dropped. Intervals: the bootstrap of :func:`~var_core.eval.stats.bootstrap_ci`
+    over the samples used.
+    """
+    from .stats import bootstrap_ci
+
+    p = np.asarray([np.nan if v is None else v for v in psnr], dtype=float)
+    if identical is None:
+        same = p >= PSNR_CAP
+    else:
+        flags = np.asarray([np.nan if v is None else v for v in identical], dtype=float)
+        if flags.shape != p.shape:
+            raise ValueError(f"{p.shape[0]} PSNR values vs {flags.shape[0]} identical flags")
+        same = np.where(np.isfinite(flags), flags > 0, p >= PSNR_CAP)
+    keep = np.isfinite(p)
+    p, same = p[keep], same[keep]
+    n_all, n_same = int(p.size), int(same.sum())
+    differing = p[~same]
+    if differing.size:
+        diff = bootstrap_ci(differing, seed=seed)
+        diff = dataclasses.replace(diff, method=f"{diff.method}; over the {differing.size} of {n_all} samples "
+                                                f"that differ from the baseline ({n_same} identical)")
+    else:
+        diff = Summary(math.nan, math.nan, math.nan, 0,
+                       method=f"all {n_all} samples identical to the baseline" if n_all else "no samples")
+    mse = np.where(same, 0.0, 10.0 ** (-p / 10.0))
+    floor = 10.0 ** (-PSNR_CAP / 10.0)
+
+    def psnr_of_mean(x, axis=-1):
+        return 10.0 * np.log10(1.0 / np.maximum(np.mean(x, axis=axis), floor))
+
+    if n_all:
+        pooled = bootstrap_ci(mse, seed=seed, statistic=psnr_of_mean)
+        pooled = dataclasses.replace(pooled, method=f"{pooled.method}; 10 log10(1 / mean MSE) over all {n_all} "
+                                                    f"samples ({n_same} identical, MSE 0), capped at {PSNR_CAP:g} dB")
+    else:
+        pooled = Summary(math.nan, math.nan, math.nan, 0, method="no samples")
+    return {"psnr_differing": diff.to_dict(), "psnr_mean_mse": pooled.to_dict()}
 
 
 def token_agreement(arm_tokens: Sequence[Sequence[torch.Tensor | None]],
@@ -232,13 +290,64 @@ def fid_bootstrap(feat_arm: np.ndarray, feat_ref: np.ndarray, *, paired: bool, n
     return max(0.0, float(lo) - bias), max(0.0, float(hi) - bias)
 
 
+def _poly_kernel(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """torchmetrics' KID kernel with its defaults: ``(x·y / d + 1) ** 3``."""
+    return (x @ y.T / x.shape[1] + 1.0) ** 3
+
+
+def kid_unbiased(k_xx: np.ndarray, k_yy: np.ndarray, k_xy: np.ndarray, w_x: np.ndarray | None = None,
+                 w_y: np.ndarray | None = None) -> float:
+    """Unbiased MMD² (KID) from kernel matrices, optionally of a resample given by per-sample counts ``w``.
+
+    Within a set the sum runs over pairs of *distinct original samples* (a resample's duplicates are not paired
+    with themselves, which would add ``k(x, x)`` terms and bias the bootstrap upwards); with all counts 1 this is
+    the usual unbiased estimate (torchmetrics' ``poly_mmd`` of the whole sets). NaN when a set has fewer than two
+    distinct samples.
+    """
+    w_x = np.ones(k_xx.shape[0]) if w_x is None else np.asarray(w_x, dtype=float)
+    w_y = np.ones(k_yy.shape[0]) if w_y is None else np.asarray(w_y, dtype=float)
+
+    def within(k, w):
+        pairs = w.sum() ** 2 - (w ** 2).sum()
+        return (w @ k @ w - (w ** 2 * np.diag(k)).sum()) / pairs if pairs > 0 else math.nan
+
+    cross = (w_x @ k_xy @ w_y) / (w_x.sum() * w_y.sum())
+    return float(within(k_xx, w_x) + within(k_yy, w_y) - 2 * cross)
+
+
+def kid_bootstrap(feat_arm: np.ndarray, feat_ref: np.ndarray, *, paired: bool, n_resamples: int = 200,
+                  seed: int = 0, level: float = 0.95) -> tuple[float, float, str]:
+    """Percentile bootstrap interval of KID over samples (indices resampled, jointly if ``paired``), with the
+    method label. Fewer than :data:`MIN_KID_BOOTSTRAP` samples on either side: NaN bounds, "n too small"."""
+    n, m = len(feat_arm), len(feat_ref)
+    if min(n, m) < MIN_KID_BOOTSTRAP:
+        return math.nan, math.nan, f"n too small for an interval (n={min(n, m)} < {MIN_KID_BOOTSTRAP})"
+    k_xx, k_yy, k_xy = _poly_kernel(feat_arm, feat_arm), _poly_kernel(feat_ref, feat_ref), _poly_kernel(feat_arm,
+                                                                                                         feat_ref)
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_resamples):
+        w_x = np.bincount(rng.integers(0, n, n), minlength=n).astype(float)
+        w_y = w_x if paired and n == m else np.bincount(rng.integers(0, m, m), minlength=m).astype(float)
+        values.append(kid_unbiased(k_xx, k_yy, k_xy, w_x, w_y))
+    values = np.asarray(values)
+    values = values[np.isfinite(values)]
+    if values.size < max(10, n_resamples // 2):
+        return math.nan, math.nan, "n too small for an interval (too few usable resamples)"
+    lo, hi = np.quantile(values, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi), (f"bootstrap percentile over samples ({'paired, ' if paired and n == m else ''}"
+                                  f"{n_resamples} resamples; duplicates not paired with themselves)")
+
+
 @torch.no_grad()
 def fid_kid(arm_images: torch.Tensor, ref_images: torch.Tensor, feature_extractor, *, paired: bool = True,
             seed: int = 0, suffix: str = "_proxy", n_resamples: int = 200) -> dict[str, dict]:
     """FID and KID of ``arm`` against ``ref`` via torchmetrics with ``feature=feature_extractor``.
 
-    FID's interval is a bootstrap over samples (jointly resampled when ``paired``) on the same features; KID's is
-    mean ± 1.96 sd over its random subsets. Returns ``{"fid<suffix>": Summary dict, "kid<suffix>": ...}``.
+    Both intervals are bootstraps over samples (jointly resampled when ``paired``) on the same features
+    (:func:`fid_bootstrap`, :func:`kid_bootstrap`). KID's point is torchmetrics' mean over random subsets of
+    ``min(50, n, m)`` samples; its interval is no longer ± 1.96 sd over those subsets, which is zero whenever
+    ``n <= 50`` (every subset is then the whole set). Returns ``{"fid<suffix>": Summary dict, "kid<suffix>": ...}``.
     """
     from torchmetrics.image.fid import FrechetInceptionDistance
     from torchmetrics.image.kid import KernelInceptionDistance
@@ -264,9 +373,12 @@ def fid_kid(arm_images: torch.Tensor, ref_images: torch.Tensor, feature_extracto
         kid = KernelInceptionDistance(feature=feature_extractor, subsets=50, subset_size=subset, normalize=True)
         kid.update(r, real=True)
         kid.update(a, real=False)
-        kid_mean, kid_std = (float(v) for v in kid.compute())
-        out[f"kid{suffix}"] = dict(mean=kid_mean, low=kid_mean - 1.96 * kid_std, high=kid_mean + 1.96 * kid_std,
-                                   n=n, level=0.95, method=f"subsets of {subset} (mean +- 1.96 sd)")
+        kid_mean = float(kid.compute()[0])
+        lo, hi, how = kid_bootstrap(feat_a, feat_r, paired=paired, n_resamples=n_resamples, seed=seed)
+        if math.isfinite(lo) and math.isfinite(hi):
+            lo, hi = min(lo, kid_mean), max(hi, kid_mean)
+        out[f"kid{suffix}"] = dict(mean=kid_mean, low=lo, high=hi, n=n, level=0.95,
+                                   method=f"point: mean over subsets of {subset}; interval: {how}")
     return out
 
 
@@ -419,6 +531,7 @@ def compute_arm_metrics(arm_images: torch.Tensor, base_images: torch.Tensor, lab
     if not is_baseline:
         values, unavailable = fidelity_per_sample(arm_images, base_images)
         out.per_sample.update({k: _as_list(v) for k, v in values.items()})
+        out.set_level.update(psnr_summaries(values["psnr"], values["identical"], seed=ctx.seed))
         out.unavailable.update(unavailable)
         agreement = token_agreement(arm_tokens, base_tokens)
         out.per_scale["token_agreement"] = [[None if not np.isfinite(v) else float(v) for v in row]

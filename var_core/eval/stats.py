@@ -7,6 +7,8 @@
   giving a speedup and its interval).
 * :func:`paired_wilcoxon` — Wilcoxon signed-rank test of an arm's per-sample metric against the baseline's on the
   same samples (same seeds). All-zero differences (an arm identical to the baseline) give ``p = 1``.
+* :func:`holm_adjust` — Holm–Bonferroni adjusted p-values over a family of tests (e.g. every Wilcoxon test of one
+  table), controlling the family-wise error rate; tables print them beside the raw p.
 
 Every summary carries its sample count ``n``; tables print it next to each interval.
 """
@@ -21,7 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 __all__ = ["Summary", "WilcoxonResult", "bootstrap_ci", "paired_bootstrap_ratio", "paired_wilcoxon",
-           "format_summary", "MIN_BCA"]
+           "holm_adjust", "format_summary", "MIN_BCA"]
 
 MIN_BCA = 10  # below this many values the percentile interval is used instead of BCa
 DEFAULT_RESAMPLES = 2000
@@ -43,6 +45,13 @@ class Summary:
 
     @staticmethod
     def from_dict(data: dict) -> "Summary":
+        """From :meth:`to_dict` output, also as read back from JSON (where NaN was written as ``null``)."""
+        data = dict(data)
+        for key in ("mean", "low", "high"):
+            if data.get(key) is None:
+                data[key] = math.nan
+        if data.get("n") is None:
+            data["n"] = 0
         return Summary(**data)
 
     @property
@@ -162,6 +171,25 @@ def paired_wilcoxon(arm: Sequence[float], baseline: Sequence[float]) -> Wilcoxon
         warnings.simplefilter("ignore")
         res = stats.wilcoxon(diff, zero_method="wilcox", alternative="two-sided")
     return WilcoxonResult(float(res.statistic), float(res.pvalue), n, nonzero, median)
+
+
+def holm_adjust(p_values: Sequence[float | None]) -> np.ndarray:
+    """Holm–Bonferroni step-down adjusted p-values, in the input order.
+
+    With the ``m`` finite p-values sorted ascending, ``p_(1) <= ... <= p_(m)``, the adjusted value of ``p_(k)`` is
+    ``max_{j <= k} min(1, (m - j + 1) p_(j))``; rejecting where the adjusted p is below ``alpha`` controls the
+    family-wise error rate at ``alpha``. Missing / NaN entries are not part of the family and stay NaN.
+    """
+    p = np.asarray([np.nan if v is None else v for v in p_values], dtype=float)
+    out = np.full(p.shape, np.nan)
+    finite = np.flatnonzero(np.isfinite(p))
+    m = finite.size
+    if m == 0:
+        return out
+    order = finite[np.argsort(p[finite], kind="stable")]
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    out[order] = np.maximum.accumulate(scaled)
+    return out
 
 
 def format_summary(summary: Summary | dict | None, digits: int = 3, show_n: bool = False) -> str:

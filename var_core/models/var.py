@@ -319,10 +319,16 @@ class VAR(nn.Module):
 
     def embed_tokens(self, feat_BNCv: torch.Tensor, si: int, lvl_pos_1LC: torch.Tensor) -> torch.Tensor:
         """Input of scale ``si`` from the VQVAE feature map resized to that scale, flattened row-major."""
-        return self.word_embed(feat_BNCv.float()) + lvl_pos_1LC[:, self.scale_slices[si]]
+        return self.word_embed(feat_BNCv.to(self.word_embed.weight.dtype)) + lvl_pos_1LC[:, self.scale_slices[si]]
+
+    def head_input(self, x_BNC: torch.Tensor, cond_BD: torch.Tensor) -> torch.Tensor:
+        """The head's normalised input. The official code normalises in fp32 and lets autocast run the head in
+        half precision; with the weights stored in bf16/fp16 the features are cast to the head's dtype instead
+        (a no-op in fp32, so fp32 stays bit-identical to the official goldens)."""
+        return self.head_nm(x_BNC.float(), cond_BD).to(self.head.weight.dtype)
 
     def logits(self, x_BNC: torch.Tensor, cond_BD: torch.Tensor) -> torch.Tensor:
-        return self.head(self.head_nm(x_BNC.float(), cond_BD)).float()
+        return self.head(self.head_input(x_BNC, cond_BD)).float()
 
     # ----- teacher forcing (training and fixture checks) ---------------------------------------------------
     def forward(
@@ -337,7 +343,7 @@ class VAR(nn.Module):
         x = torch.cat(
             (
                 cond_BD.unsqueeze(1).expand(-1, self.first_l, -1) + self.pos_start,
-                self.word_embed(x_BLCv_wo_first_l.float()),
+                self.word_embed(x_BLCv_wo_first_l.to(self.word_embed.weight.dtype)),
             ),
             dim=1,
         )

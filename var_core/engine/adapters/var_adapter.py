@@ -124,7 +124,7 @@ class VARAdapter(ModelAdapter):
         return self.var.logits(x_RNC, state.cond_RD)
 
     def head_parts(self, state: VARState, x_RNC: torch.Tensor):
-        return self.var.head_nm(x_RNC.float(), state.cond_RD), self.var.head
+        return self.var.head_input(x_RNC, state.cond_RD), self.var.head
 
     def guide(self, state: VARState, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig,
               cond_only_B: torch.Tensor | None = None) -> torch.Tensor:
