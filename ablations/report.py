@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,10 +17,10 @@ import numpy as np
 
 from var_core.eval import records as rec
 from var_core.eval.lightning import TIMED_REGION
-from var_core.eval.stats import format_summary
+from var_core.eval.stats import format_summary, holm_adjust
 
 __all__ = ["table_frame", "write_table", "write_plots", "write_overview_grid", "log_wandb", "write_report",
-           "load_records"]
+           "load_records", "read_folder", "FolderContents"]
 
 # (column stem, summary key, label, digits, scale)
 METRICS = (
@@ -30,7 +31,10 @@ METRICS = (
     ("flops_ratio", "flops_ratio", "FLOPs ratio", 3, 1.0),
     ("peak_mb", "peak_memory_mb", "peak MiB", 1, 1.0),
     ("memory_ratio", "memory_ratio", "peak-mem ratio", 3, 1.0),
-    ("psnr", "psnr", "PSNR dB", 2, 1.0),
+    ("psnr", "psnr", "PSNR dB (capped mean)", 2, 1.0),  # identical images count as 100 dB (kept for old readers)
+    ("psnr_differing", "psnr_differing", "PSNR dB (differing)", 2, 1.0),  # over the non-identical samples only
+    ("identical", "identical", "identical", 3, 1.0),  # fraction of images equal to the baseline's
+    ("psnr_mean_mse", "psnr_mean_mse", "PSNR of mean MSE dB", 2, 1.0),  # 10 log10(1 / mean MSE), all samples
     ("ssim", "ssim", "SSIM", 3, 1.0),
     ("ms_ssim", "ms_ssim", "MS-SSIM", 3, 1.0),
     ("token_agreement", "token_agreement", "token agree", 3, 1.0),
@@ -43,28 +47,115 @@ METRICS = (
     ("clip_score", "clip_score", "CLIP", 2, 1.0),
 )
 MARKDOWN_COLUMNS = ("ms_per_image", "speedup", "speedup_interleaved", "gflops", "flops_ratio", "peak_mb",
-                    "memory_ratio", "psnr", "ssim", "ms_ssim",
+                    "memory_ratio", "psnr_differing", "identical", "ssim", "ms_ssim",
                     "token_agreement", "class_acc", "fid_proxy", "fid_real", "fid_inception", "clip_score")
 
 
-def load_records(out_dir: str | Path) -> list[dict]:
-    """Finished records of a run folder in the order of its manifest (baseline first)."""
+@dataclass
+class FolderContents:
+    """What a results folder holds: the readable finished ``records`` (baseline first), the ``unavailable`` arms
+    (``ablations.base.Arm`` with ``error``: could not be built, record unreadable, or no finished record) and one
+    line per file that could not be read (``problems``)."""
+
+    records: list[dict]
+    unavailable: list
+    problems: list[str] = field(default_factory=list)
+
+
+def read_folder(out_dir: str | Path) -> FolderContents:
+    """Every arm of a results folder, none dropped silently: an arm of the manifest or a record file that cannot
+    be shown comes back in ``unavailable`` with the reason, naming the file."""
     import json
 
+    from .base import Arm
+
     out_dir = Path(out_dir)
-    order: list[str] = []
+    problems: list[str] = []
+    manifest_arms: list[dict] = []
     manifest = out_dir / "study.json"
     if manifest.is_file():
-        order = [a["name"] for a in json.loads(manifest.read_text()).get("arms", [])]
-    records = [r for r in (rec.read_record(p) for p in sorted((out_dir / "arms").glob("*.json"))) if r]
-    rank = {name: i for i, name in enumerate(order)}
+        try:
+            data = json.loads(manifest.read_text())
+            manifest_arms = [a for a in data.get("arms", []) if isinstance(a, dict) and isinstance(a.get("name"), str)]
+        except (OSError, ValueError, AttributeError) as exc:
+            problems.append(f"cannot read {manifest} ({type(exc).__name__}: {exc}); arms ordered by file name")
+    by_file = {a["record"]: a for a in manifest_arms if a.get("record")}
+    records: list[dict] = []
+    unavailable: list = []
+    seen: set[str] = set()
+    for path in sorted((out_dir / "arms").glob("*.json")):
+        rel = str(path.relative_to(out_dir))
+        entry = by_file.get(rel, {})
+        try:
+            record = rec.load_record(path)
+        except rec.RecordError as exc:
+            name = entry.get("name") or path.name[: -len(".json")]
+            seen.add(name)
+            problems.append(f"arm {name!r}: cannot read its record {path} ({exc.reason})")
+            unavailable.append(Arm(name, None, entry.get("description", ""), role=entry.get("role", "arm"),
+                                   error=f"record {rel} cannot be read ({exc.reason}); re-run the study with the "
+                                         f"same --out to recompute it", changes=entry.get("changes", "")))
+            continue
+        if record is None:
+            continue
+        if record.get("status") != "complete":
+            name = record["arm"]
+            seen.add(name)
+            unavailable.append(Arm(name, None, record.get("description", ""), role=record.get("role", "arm"),
+                                   error=f"record {rel} is not finished (status {record.get('status')!r})",
+                                   changes=record.get("changes", "")))
+            continue
+        seen.add(record["arm"])
+        records.append(record)
+    for a in manifest_arms:
+        if a["name"] in seen:
+            continue
+        if a.get("error"):
+            error = a["error"]
+        else:
+            where = a.get("record") or f"arms/{rec.arm_slug(a['name'])}.json"
+            error = (f"no finished record ({where} is missing: the arm did not finish or the file was removed); "
+                     f"re-run the study with the same --out to compute it")
+            problems.append(f"arm {a['name']!r}: {error}")
+        unavailable.append(Arm(a["name"], None, a.get("description", ""), role=a.get("role", "arm"), error=error,
+                               changes=a.get("changes", "")))
+    rank = {a["name"]: i for i, a in enumerate(manifest_arms)}
     records.sort(key=lambda r: (r["role"] != "baseline", rank.get(r["arm"], len(rank)), r["arm"]))
-    return records
+    unavailable.sort(key=lambda a: rank.get(a.name, len(rank)))
+    return FolderContents(records, unavailable, problems)
+
+
+def load_records(out_dir: str | Path) -> list[dict]:
+    """Finished, readable records of a run folder in the order of its manifest (baseline first); see
+    :func:`read_folder` for the arms that cannot be shown."""
+    return read_folder(out_dir).records
 
 
 def _get(summary: dict, key: str) -> dict | None:
     value = summary.get(key)
     return value if isinstance(value, dict) else None
+
+
+def _with_psnr_summaries(records: list[dict]) -> list[dict]:
+    """Records whose summary holds ``psnr_differing`` / ``psnr_mean_mse`` (copies; computed from the per-sample
+    PSNR for records written before these summaries existed)."""
+    from var_core.eval.metrics import psnr_summaries
+
+    out = []
+    for r in records:
+        ps = r.get("metrics", {}).get("per_sample", {})
+        if r.get("role") != "baseline" and "psnr_differing" not in r["summary"] and ps.get("psnr"):
+            extra = psnr_summaries(ps["psnr"], ps.get("identical"), seed=r.get("samples", {}).get("base_seed", 0))
+            r = dict(r, summary=dict(r["summary"], **extra))
+        out.append(r)
+    return out
+
+
+def _wilcoxon_family(records: list[dict]) -> list[tuple[str, str, dict, float]]:
+    """Every Wilcoxon test of the records as ``(arm, metric, test, Holm-adjusted p)``; the family is all of them."""
+    tests = [(r["arm"], name, t) for r in records for name, t in r["metrics"].get("wilcoxon_vs_baseline", {}).items()]
+    adjusted = holm_adjust([t.get("p_value") for _, _, t in tests])
+    return [(arm, name, t, float(a)) for (arm, name, t), a in zip(tests, adjusted)]
 
 
 def _with_interleaved(records: list[dict], interleaved: dict | None) -> list[dict]:
@@ -85,7 +176,8 @@ def table_frame(records: list[dict], unavailable: list | None = None, interleave
     """One row per arm; each metric as ``<stem>``, ``<stem>_low``, ``<stem>_high``, ``<stem>_n``."""
     import pandas as pd
 
-    records = _with_interleaved(records, interleaved)
+    records = _with_psnr_summaries(_with_interleaved(records, interleaved))
+    holm = {(arm, name): a for arm, name, _, a in _wilcoxon_family(records)}
     rows = []
     for r in records:
         s = r["summary"]
@@ -107,6 +199,8 @@ def table_frame(records: list[dict], unavailable: list | None = None, interleave
         tests = r["metrics"].get("wilcoxon_vs_baseline", {})
         for name in ("class_prob", "entropy_mean"):
             row[f"wilcoxon_p_{name}"] = tests.get(name, {}).get("p_value") if name in tests else None
+            adj = holm.get((r["arm"], name))
+            row[f"wilcoxon_p_holm_{name}"] = adj if adj is not None and math.isfinite(adj) else None
         row["config_hash"] = r["config_hash"]
         row["status"] = "reference" if r["role"] == "baseline" else "ok"
         rows.append(row)
@@ -119,11 +213,17 @@ def _cell(record: dict, stem: str, key: str, digits: int) -> str:
     if record["role"] == "baseline":
         if key in ("speedup", "speedup_interleaved", "flops_ratio", "memory_ratio"):
             return "1 (ref)"
-        if key in ("psnr", "ssim", "ms_ssim", "token_agreement", "fid_proxy", "kid_proxy"):
+        if key in ("psnr", "psnr_differing", "psnr_mean_mse", "identical", "ssim", "ms_ssim", "token_agreement",
+                   "fid_proxy", "kid_proxy"):
             return "ref"
+    if stem == "identical":  # "k/n" images equal to the baseline's
+        flags = [v for v in record["metrics"]["per_sample"].get("identical") or [] if v is not None]
+        return f"{int(round(sum(flags)))}/{len(flags)}" if flags else "n/a"
     summ = _get(record["summary"], key)
     if summ is None:
         return "n/a"
+    if stem == "psnr_differing" and not summ.get("n"):
+        return "all identical"
     return format_summary(summ, digits)
 
 
@@ -131,7 +231,7 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
                 ) -> dict[str, Path]:
     """``table.csv`` (every number, with CI bounds and n) and ``table.md`` (formatted, with notes)."""
     frame = table_frame(records, unavailable, interleaved)
-    records = _with_interleaved(records, interleaved)
+    records = _with_psnr_summaries(_with_interleaved(records, interleaved))
     csv_path = out_dir / "table.csv"
     tmp = csv_path.with_name(".table.csv.tmp")
     frame.to_csv(tmp, index=False)
@@ -174,7 +274,10 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
     doc.append("Each cell: mean [95 % bootstrap CI]; `n` = samples per arm (latency and speedup: over the "
                "n/batch-size batches, speedup paired by batch; FID/KID/IS: set-level, bootstrap over samples). "
                "Fidelity metrics (PSNR, SSIM, MS-SSIM, token agreement, FID-proxy) compare each arm with the "
-               "baseline image of the same seed.\n")
+               "baseline image of the same seed. `PSNR dB (differing)`: mean over only the samples whose image "
+               "differs from the baseline's (an identical image has no finite PSNR; `identical` counts them, k/n); "
+               "table.csv also has `psnr` (the mean with identical images capped at 100 dB, inflated by them) and "
+               "`psnr_mean_mse` (PSNR of the mean MSE over all samples).\n")
     doc.extend(lines)
     doc.append("")
     doc.append(f"Timed region: {TIMED_REGION}.\n")
@@ -193,16 +296,20 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
         doc.append("Not available here:\n")
         doc.extend(f"- `{name}`: {why}" for name, why in sorted(reasons.items()))
         doc.append("")
-    tests = [(r["arm"], name, t) for r in records for name, t in r["metrics"].get("wilcoxon_vs_baseline", {}).items()]
+    tests = _wilcoxon_family(records)
     if tests:
-        doc.append("Paired Wilcoxon signed-rank tests against the baseline (same samples):\n")
-        doc.append("| arm | metric | n | non-zero | median diff | p |")
-        doc.append("|---|---|---|---|---|---|")
-        for arm, name, t in tests:
+        family = sum(math.isfinite(a) for *_, a in tests)
+        doc.append("Paired Wilcoxon signed-rank tests against the baseline (same samples; two-sided). `p`: the raw "
+                   f"p-value of each test; `p (Holm)`: Holm-Bonferroni adjusted over the family of all {family} "
+                   "tests in this table (controls the family-wise error rate; read significance from it):\n")
+        doc.append("| arm | metric | n | non-zero | median diff | p | p (Holm) |")
+        doc.append("|---|---|---|---|---|---|---|")
+        for arm, name, t, adj in tests:
             p = t.get("p_value")
             md = t.get("median_difference")
             doc.append(f"| {arm} | {name} | {t.get('n')} | {t.get('n_nonzero')} | "
-                       f"{'n/a' if md is None else f'{md:.4g}'} | {'n/a' if p is None else f'{p:.3g}'} |")
+                       f"{'n/a' if md is None else f'{md:.4g}'} | {'n/a' if p is None else f'{p:.3g}'} | "
+                       f"{f'{adj:.3g}' if math.isfinite(adj) else 'n/a'} |")
         doc.append("")
     if unavailable:
         doc.append("Unavailable arms:\n")
@@ -372,31 +479,50 @@ def write_plots(out_dir: Path, records: list[dict]) -> dict[str, Path]:
     return paths
 
 
-def write_overview_grid(out_dir: Path, records: list[dict], k: int = 8) -> Path | None:
-    """One row per arm (baseline first), the first ``k`` samples (same seeds in every column)."""
+def write_overview_grid(out_dir: Path, records: list[dict], k: int = 8, problems: list[str] | None = None
+                        ) -> Path | None:
+    """One row per arm (baseline first), the first ``k`` samples (same seeds in every column). A tensor file that
+    cannot be read (``weights_only=True``: nothing in it runs) leaves its row out and is named in ``problems``."""
     import torch
 
     from var_core.eval.images import save_grid
-    from var_core.eval.lightning import GenerationRun
+    from var_core.eval.lightning import GenerationRun, ResultFileError
 
-    rows = []
+    rows, names = [], []
     for r in records:
         pt = rec.record_paths(out_dir, r["arm"])[1]
         if not pt.is_file():
             continue
-        run = GenerationRun.load(pt)
+        try:
+            run = GenerationRun.load(pt)
+        except ResultFileError as exc:
+            if problems is not None:
+                problems.append(f"arm {r['arm']!r}: cannot read its samples {pt} ({exc.reason}); its numbers come "
+                                f"from its record, its row of the overview grid is left out")
+            continue
         if run.images_u8 is None:
             continue
         rows.append(run.images[:k])
-    if not rows:
+        names.append(r["arm"])
+    if not rows:  # an older overview would show samples that cannot be read now
+        for stale in ("overview.png", "overview_rows.txt"):
+            (out_dir / "grids" / stale).unlink(missing_ok=True)
         return None
     k = min(x.shape[0] for x in rows)
     images = torch.cat([x[:k] for x in rows])
     upscale = max(1, 128 // images.shape[-1])
     path = save_grid(images, out_dir / "grids" / "overview.png", nrow=k, upscale=upscale)
-    (out_dir / "grids" / "overview_rows.txt").write_text(
-        "\n".join(r["arm"] for r in records if rec.record_paths(out_dir, r["arm"])[1].is_file()) + "\n")
+    (out_dir / "grids" / "overview_rows.txt").write_text("\n".join(names) + "\n")
     return path
+
+
+def _append_problems(md_path: Path, problems: list[str]) -> None:
+    """Add the files that could not be read to ``table.md`` (atomically)."""
+    text = md_path.read_text() if md_path.is_file() else ""
+    text += "\nFiles that could not be read (nothing in them was run):\n\n" + "".join(f"- {p}\n" for p in problems)
+    tmp = md_path.with_name(f".{md_path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, md_path)
 
 
 # ----- W&B -------------------------------------------------------------------------------------------------
@@ -440,8 +566,13 @@ def log_wandb(out_dir: Path, mode: str, records: list[dict], frame, plots: dict[
 
 def write_report(out_dir: Path, records: list[dict], unavailable: list, *, plan=None, adapter=None,
                  log: Callable[[str], None] = print, plots: bool = True, grid_samples: int = 8,
-                 wandb_mode: str = "offline", base_run=None, interleaved: dict | None = None) -> dict[str, Any]:
+                 wandb_mode: str = "offline", base_run=None, interleaved: dict | None = None,
+                 problems: list[str] | None = None) -> dict[str, Any]:
+    """Table, plots, grids and W&B mirror of ``records``; ``problems`` (files that could not be read, e.g. from
+    :func:`read_folder`) and those met here are logged, listed at the end of ``table.md`` and returned in
+    ``outputs["problems"]``."""
     out_dir = Path(out_dir)
+    problems = list(problems or [])
     if interleaved is None and (out_dir / "timing_interleaved.json").is_file():
         import json
 
@@ -461,10 +592,15 @@ def write_report(out_dir: Path, records: list[dict], unavailable: list, *, plan=
     outputs["plots"] = {k: str(v) for k, v in plot_paths.items()}
     grids = {rec.arm_slug(r["arm"]): out_dir / "grids" / f"{rec.arm_slug(r['arm'])}.png" for r in records}
     grids = {k: v for k, v in grids.items() if v.is_file()}
-    overview = write_overview_grid(out_dir, records, grid_samples)
+    overview = write_overview_grid(out_dir, records, grid_samples, problems)
     if overview is not None:
         grids = {"overview": overview, **grids}
     outputs["grids"] = {k: str(v) for k, v in grids.items()}
+    outputs["problems"] = problems
+    if problems:
+        _append_problems(Path(outputs["markdown"]), problems)
+        for line in problems:
+            log(f"warning: {line}")
     try:
         run_dir = log_wandb(out_dir, wandb_mode, records, table_frame(records, unavailable, interleaved), plot_paths,
                             grids)

@@ -14,16 +14,25 @@
 
 Every number that needs the baseline is paired by sample index (and the speedup by batch, when both were cut the
 same way).
+
+Safety of a results folder: one study at a time holds ``<out>/study.lock`` (pid, host, start time; a lock left by a
+dead process on this host is taken over with a note). Tensor files are read with ``weights_only=True`` (no pickled
+code runs); a record or tensor file that cannot be read is named, moved aside to ``*.corrupt`` and its arm
+recomputed. Every arm's record keeps the identity of the baseline it was measured against
+(:func:`baseline_identity`); when the baseline is recomputed, the arms measured against the old one are recomputed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime as _dt
 import hashlib
 import json
 import math
 import os
 import shutil
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -34,7 +43,8 @@ import numpy as np
 import torch
 
 from var_core.eval import records as rec
-from var_core.eval.lightning import ConditionSet, GenerationRun, run_generation
+from var_core.errors import UserError
+from var_core.eval.lightning import ConditionSet, GenerationRun, ResultFileError, run_generation
 from var_core.eval.metrics import MetricContext, compute_arm_metrics
 from var_core.eval.stats import Summary, bootstrap_ci, paired_bootstrap_ratio, paired_wilcoxon
 
@@ -43,7 +53,8 @@ from .overrides import apply_overrides, parse_overrides
 from .probes import ProfilerProbe
 
 __all__ = ["StudyOptions", "StudyPlan", "StudyResult", "plan_study", "run_study", "resolve_model",
-           "resolve_sampling", "default_out_dir"]
+           "resolve_sampling", "default_out_dir", "results_lock", "ResultsFolderBusy", "baseline_identity",
+           "LOCK_NAME"]
 
 PAIRED_TESTS = ("class_prob", "class_correct", "entropy_mean")
 
@@ -346,13 +357,22 @@ def _add_relative(record: dict, summary: dict, base_record: dict, seed: int) -> 
 
 
 def _refresh_metrics(out_dir: Path, found: dict, metric_ctx: MetricContext, signature: dict,
-                     base_run: GenerationRun | None, base_record: dict | None, plan: StudyPlan, log) -> dict | None:
-    """``found`` with its metrics recomputed from its stored tensors (None when they are missing)."""
+                     base_run: GenerationRun | None, base_record: dict | None, plan: StudyPlan, log,
+                     run: GenerationRun | None = None) -> dict | None:
+    """``found`` with its metrics recomputed from its stored tensors (``run``, or read from its tensor file;
+    None when they are missing or unreadable)."""
     is_base = found["role"] == "baseline"
     pt = rec.record_paths(out_dir, found["arm"])[1]
-    if not pt.is_file() or (not is_base and (base_run is None or base_record is None)):
+    if not is_base and (base_run is None or base_record is None):
         return None
-    run = GenerationRun.load(pt)
+    if run is None:
+        if not pt.is_file():
+            return None
+        try:
+            run = GenerationRun.load(pt)
+        except ResultFileError as exc:
+            _quarantine(pt, exc.reason, f"recompute arm {found['arm']!r}", log)
+            return None
     reference = run if is_base else base_run
     metrics = compute_arm_metrics(run.images, reference.images, run.labels, run.tokens, reference.tokens,
                                   metric_ctx, is_baseline=is_base)
@@ -381,6 +401,207 @@ def _metric_signature(ctx: MetricContext) -> dict:
             "inception": ctx.inception_weights, "clip": ctx.clip_weights, "version": 1}
 
 
+# ----- the results folder: lock, unreadable files, baseline identity ---------------------------------------
+LOCK_NAME = "study.lock"
+
+
+class ResultsFolderBusy(UserError):
+    """Another study holds the results folder's lock."""
+
+
+def _proc_start(pid: int) -> str | None:
+    """The kernel's start time of process ``pid`` (clock ticks since boot; tells a reused pid apart), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]  # field 22 of stat; fields 1-2 end at the last ')'
+    except (OSError, IndexError):
+        return None
+
+
+def _lock_info() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "proc_start": _proc_start(os.getpid()),
+            "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv) if sys.argv else None}
+
+
+def _lock_holder_alive(info: dict) -> bool | None:
+    """True / False for a holder on this host; None when it runs on another host (cannot be checked)."""
+    if info.get("host") != socket.gethostname():
+        return None
+    pid = int(info["pid"])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process: alive
+    started = info.get("proc_start")
+    now = _proc_start(pid)
+    return not (started is not None and now is not None and now != started)  # a reused pid is another process
+
+
+def _is_ddp_child() -> bool:
+    """A non-zero rank of a distributed launch (Lightning's ``ddp`` launcher, torchrun): the launching process
+    holds the lock for the whole study."""
+    return any(os.environ.get(var, "0") not in ("", "0") for var in ("LOCAL_RANK", "RANK", "NODE_RANK"))
+
+
+def _read_lock(path: Path) -> dict | None:
+    try:
+        info = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ResultsFolderBusy(f"the lock file {path} cannot be read ({type(exc).__name__}: {exc}); if no study "
+                                f"is running on {path.parent}, delete it and re-run") from None
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
+        raise ResultsFolderBusy(f"the lock file {path} does not name a process; if no study is running on "
+                                f"{path.parent}, delete it and re-run")
+    return info
+
+
+def _describe(info: dict) -> str:
+    return (f"pid {info.get('pid')} on host {info.get('host')} (started {info.get('started')}"
+            + (f", command: {info['command']}" if info.get("command") else "") + ")")
+
+
+@contextlib.contextmanager
+def results_lock(out_dir: str | Path, log: Callable[[str], None] = print):
+    """Hold ``<out_dir>/study.lock`` while the block runs, so two studies never work in one folder at once.
+
+    The lock file (JSON: pid, host, process start time, start date, command) is created atomically (written
+    aside, then hard-linked into place). Held by a live process → :class:`ResultsFolderBusy` naming it; left by a
+    process of this host that is gone → taken over with a note through ``log``. Non-zero ranks of a distributed
+    launch, children of the holder and nested calls in the holding process do not take it (the launching process
+    holds it for them). Yields the lock path (None when it was not taken here)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / LOCK_NAME
+    if _is_ddp_child():
+        yield None
+        return
+    me = _lock_info()
+    taken = False
+    for _ in range(5):
+        tmp = out_dir / f".{LOCK_NAME}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(me))
+        try:
+            os.link(tmp, path)  # atomic: fails when a lock exists, and the lock is never seen half-written
+            taken = True
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        if taken:
+            break
+        other = _read_lock(path)
+        if other is None:
+            continue  # released meanwhile: try again
+        same_host = other.get("host") == me["host"]
+        if same_host and other["pid"] == os.getpid() and other.get("proc_start") == me["proc_start"]:
+            yield None  # nested: this process holds it already
+            return
+        if same_host and other["pid"] == os.getppid():
+            yield None  # a child process of the study holding it (e.g. a DDP worker)
+            return
+        alive = _lock_holder_alive(other)
+        if alive is None:
+            raise ResultsFolderBusy(
+                f"{out_dir} is in use by another study: {_describe(other)}. Wait for it to finish or use another "
+                f"--out; if that process is gone, delete {path} and re-run")
+        if alive:
+            raise ResultsFolderBusy(
+                f"{out_dir} is in use by another study: {_describe(other)}. Wait for it to finish (or stop it: "
+                f"kill {other['pid']}) or use another --out; re-running the same command afterwards resumes")
+        stale = out_dir / f".{LOCK_NAME}.stale.{os.getpid()}"
+        try:
+            os.replace(path, stale)
+        except FileNotFoundError:
+            continue
+        try:
+            moved = _read_lock(stale)
+            if moved is not None and moved != other:
+                # another process took the stale lock over in between and its fresh lock was moved here: put it
+                # back (unless yet another exists) and look again
+                with contextlib.suppress(FileExistsError):
+                    os.link(stale, path)
+                continue
+        finally:
+            stale.unlink(missing_ok=True)
+        log(f"note: took over the lock of {out_dir}: it was left by {_describe(other)}, which is no longer "
+            f"running")
+    if not taken:
+        raise ResultsFolderBusy(f"could not take the lock {path} (other processes keep creating it); make sure only "
+                                f"one study uses {out_dir} and re-run")
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError, ResultsFolderBusy):
+            info = _read_lock(path)
+            if info is not None and info.get("pid") == me["pid"] and info.get("started") == me["started"]:
+                path.unlink()
+
+
+def _quarantine(path: Path, reason: str, what: str, log: Callable[[str], None]) -> Path:
+    """Move an unreadable file aside (``<name>.corrupt``, numbered if taken) and say so in one line."""
+    target = path.with_name(path.name + ".corrupt")
+    n = 1
+    while target.exists():
+        target = path.with_name(f"{path.name}.corrupt{n}")
+        n += 1
+    os.replace(path, target)
+    log(f"warning: cannot read {path}: {reason}; moved it to {target.name} and {what}")
+    return target
+
+
+def baseline_identity(base_record: dict, base_run: GenerationRun) -> str:
+    """Identifies one measurement of the baseline: its record's key, creation time and batch timings, and the
+    hash of its samples. Every arm's record keeps the identity of the baseline it was compared with; a recomputed
+    baseline has a new identity (new timings), so arms measured against the old one are recomputed on resume."""
+    payload = {"key": base_record.get("key"), "created": base_record.get("created"),
+               "batches": (base_record.get("timing") or {}).get("batches"), "samples": base_run.content_hash()}
+    text = json.dumps(rec.to_jsonable(payload), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _stale_against_baseline(found: dict, base_record: dict, identity: str) -> str | None:
+    """Why ``found`` (an arm's record) was not measured against this baseline, or None when it was."""
+    stored = (found.get("baseline") or {}).get("identity")
+    if stored is not None:
+        return None if stored == identity else f"it was measured against another baseline ({stored}, now {identity})"
+    # records written before the identity was kept: measured against this baseline only if created after it
+    if str(found.get("created", "")) >= str(base_record.get("created", "")):
+        return None
+    return "it is older than the baseline it would be compared with (the baseline was recomputed since)"
+
+
+def _load_verified(out_dir: Path, found: dict, log: Callable[[str], None]) -> tuple[dict | None, GenerationRun | None]:
+    """``found`` and its tensors (None when the arm has no tensor file); ``(None, None)`` when the tensor file
+    cannot be read or does not match the record: it is moved aside and the arm is to be recomputed."""
+    pt = rec.record_paths(out_dir, found["arm"])[1]
+    if not pt.is_file():
+        return found, None
+    try:
+        run = GenerationRun.load(pt)
+    except ResultFileError as exc:
+        _quarantine(pt, exc.reason, f"recompute arm {found['arm']!r}", log)
+        return None, None
+    stored = (found.get("tensors") or {}).get("sha256")
+    if stored is not None and run.content_hash() != stored:
+        _quarantine(pt, f"its samples (hash {run.content_hash()}) are not those of its record (hash {stored})",
+                    f"recompute arm {found['arm']!r}", log)
+        return None, None
+    return found, run
+
+
+def _check_record_file(json_path: Path, log: Callable[[str], None]) -> None:
+    """Move an arm's record aside when it exists but cannot be read (damaged / not a record)."""
+    try:
+        rec.load_record(json_path)
+    except rec.RecordError as exc:
+        _quarantine(json_path, exc.reason, f"recompute arm {json_path.name[:-len('.json')]!r}", log)
+
+
 # ----- the study -------------------------------------------------------------------------------------------
 def _check_arms_on_model(available: list[Arm], unavailable: list[Arm], adapter, sampling, model: str,
                          log: Callable[[str], None]) -> tuple[list[Arm], list[Arm]]:
@@ -405,8 +626,17 @@ def _check_arms_on_model(available: list[Arm], unavailable: list[Arm], adapter, 
 
 def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: StudyPlan | None = None
               ) -> StudyResult:
+    """Run (or resume) a study in ``plan.out_dir`` while holding its lock (see :func:`results_lock`).
+
+    An entry point that reports the folder on Ctrl-C registers ``plan_study(options).out_dir`` (the folder is
+    decided there, before anything runs) and passes that plan here."""
     started = time.perf_counter()
     plan = plan or plan_study(options)
+    with results_lock(plan.out_dir, log):
+        return _run_study(options, log, plan, started)
+
+
+def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPlan, started: float) -> StudyResult:
     for note in plan.notes:
         log(f"note: {note}")
     out_dir = plan.out_dir
@@ -464,15 +694,29 @@ def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: S
     base_run: GenerationRun | None = None
     base_record: dict | None = None
     total = len(available)
+    base_identity: str | None = None
     for position, arm in enumerate(available, 1):
         config = config_for(arm)
         json_path, pt_path = rec.record_paths(out_dir, arm.name)
         is_base = arm.role == "baseline"
+        _check_record_file(json_path, log)
         found = rec.find_reusable(out_dir, config, need_tensors=is_base)
+        found_run = None
+        if found is not None:  # its tensors must be readable (weights_only) and be those of the record
+            found, found_run = _load_verified(out_dir, found, log)
+            if is_base and found_run is None:
+                found = None  # the later arms need the baseline's samples
+        if found is not None and not is_base:
+            assert base_record is not None and base_identity is not None, "the baseline runs first"
+            why = _stale_against_baseline(found, base_record, base_identity)
+            if why is not None:
+                log(f"[{position}/{total}] {arm.name}: recomputing the finished record: {why}")
+                found = None
         if found is not None and found.get("metrics", {}).get("signature") != signature:
             # measured with another metric context (e.g. the classifier appeared since): recompute the metrics
             # from the stored tensors, keep the generation and its timing; regenerate if the tensors are gone
-            found = _refresh_metrics(out_dir, found, metric_ctx, signature, base_run, base_record, plan, log)
+            found = _refresh_metrics(out_dir, found, metric_ctx, signature, base_run, base_record, plan, log,
+                                     run=found_run)
         if found is not None:
             log(f"[{position}/{total}] {arm.name}: reusing the finished record "
                 f"({found['summary'].get('ms_per_image', {}).get('mean', float('nan')):.1f} ms/image)")
@@ -485,8 +729,9 @@ def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: S
                 found = dict(found, arm=arm.name, description=arm.description, changes=arm.changes)
                 rec.write_json_atomic(json_path, found)
             if is_base:
-                base_run = GenerationRun.load(pt_path)
+                base_run = found_run
                 base_record = found
+                base_identity = baseline_identity(found, found_run)
             records.append(found)
             reused.append(arm.name)
             continue
@@ -505,6 +750,12 @@ def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: S
         record = _arm_record(config, arm, run, metrics, adapter, plan, None if is_base else base_record,
                              signature)
         record["timing"]["arm_wall_seconds"] = time.perf_counter() - t0
+        record["tensors"] = {"file": pt_path.name, "sha256": run.content_hash()}
+        if is_base:
+            base_identity = baseline_identity(record, run)
+        record["baseline"] = {"arm": next(a.name for a in available if a.role == "baseline"),
+                              "identity": base_identity,
+                              "created": record["created"] if is_base else base_record["created"]}
         run.save(pt_path)
         rec.write_json_atomic(json_path, record)
         if is_base:

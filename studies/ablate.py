@@ -16,6 +16,10 @@ import argparse
 import os
 import sys
 
+from studies._args import (ArgumentParser, accelerator, at_least, check_devices, existing_path, lightning_interrupts,
+                           model_name, non_negative_int, positive_int, preset_name, results_folder, threads_setting)
+from studies._cli import note_results_folder, run_cli
+
 
 def _families() -> list[str]:
     from ablations.base import family_names
@@ -24,45 +28,54 @@ def _families() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m studies.ablate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="python -m studies.ablate", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", help="an ablation family, 'ls' or 'validate'")
-    parser.add_argument("--model", default=None,
+    parser.add_argument("--model", default=None, type=model_name,
                         help="model name (default: testbed when its weights are shipped, else official-tiny)")
-    parser.add_argument("--weights", default=None, help="local weights (file or folder) for --model")
-    parser.add_argument("--samples", type=int, default=64, help="samples per arm (default 64)")
-    parser.add_argument("--batch-size", type=int, default=16, help="generation batch size (default 16)")
+    parser.add_argument("--weights", default=None, type=existing_path,
+                        help="local weights (file or folder) for --model")
+    parser.add_argument("--samples", type=at_least(2, "(confidence intervals need spread)"), default=64,
+                        help="samples per arm (default 64)")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="generation batch size (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="base seed; sample i uses a hash of (seed, i)")
-    parser.add_argument("--out", default=None, help="results folder (default results/ablate/<family>_<model>_n<N>_"
-                                                    "seed<S>); re-use it to resume")
-    parser.add_argument("--accelerator", default="cpu", help="Lightning accelerator: cpu, gpu, auto (default cpu)")
-    parser.add_argument("--devices", type=int, default=1, help="processes / devices (DDP when > 1)")
+    parser.add_argument("--out", default=None, type=results_folder,
+                        help="results folder (default results/ablate/<family>_<model>_n<N>_seed<S>); re-use it "
+                             "to resume")
+    parser.add_argument("--accelerator", default="cpu", type=accelerator,
+                        help="Lightning accelerator: cpu, gpu, auto (default cpu)")
+    parser.add_argument("--devices", type=positive_int, default=1, help="processes / devices (DDP when > 1)")
     parser.add_argument("--strategy", default="auto", help="Lightning strategy (auto: ddp_spawn when devices > 1)")
     parser.add_argument("--wandb", choices=("offline", "online", "disabled"), default=None,
                         help="W&B mirror of the results (default: $WANDB_MODE if set, else offline)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="typed override applied to every non-baseline arm, e.g. --set schedule.tau=0.7, "
                              "--set granularity=branch (repeatable)")
-    parser.add_argument("--method", default="nova", help="base method of the 'options' family (default nova)")
+    parser.add_argument("--method", default="nova", type=preset_name,
+                        help="base method of the 'options' family (default nova)")
     parser.add_argument("--arms", default=None, help="comma-separated arm names to run (baseline always runs)")
-    parser.add_argument("--warmup", type=int, default=1, help="discarded warm-up generations per arm and process")
-    parser.add_argument("--timing-rounds", type=int, default=5,
+    parser.add_argument("--warmup", type=non_negative_int, default=1,
+                        help="discarded warm-up generations per arm and process")
+    parser.add_argument("--timing-rounds", type=non_negative_int, default=5,
                         help="after all arms, re-time a batch of --timing-batch per arm this many times with the "
                              "arms interleaved (speedups robust to load changes on a shared machine; 0: off)")
-    parser.add_argument("--timing-batch", type=int, default=1,
+    parser.add_argument("--timing-batch", type=positive_int, default=1,
                         help="batch size of the interleaved re-timing (default 1: the latency regime)")
-    parser.add_argument("--threads", default="auto",
+    parser.add_argument("--threads", default="auto", type=threads_setting,
                         help="intra-op threads per process: N, 'torch' (torch's default; DDP on CPU: cores / "
                              "processes) or 'auto' (default: torch's unless the load average shows other jobs on the "
                              "cores, then only the free ones, at least 1; decided once per study)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--classifier", default=None, help="testbed classifier weights (default: shipped file)")
-    parser.add_argument("--inception-weights", default=None,
+    parser.add_argument("--classifier", default=None, type=existing_path,
+                        help="testbed classifier weights (default: shipped file)")
+    parser.add_argument("--inception-weights", default=None, type=existing_path,
                         help="local Inception-v3 weights for standard FID (never downloaded)")
-    parser.add_argument("--clip-weights", default=None, help="local CLIP model folder for CLIP score")
+    parser.add_argument("--clip-weights", default=None, type=existing_path,
+                        help="local CLIP model folder for CLIP score")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--no-plots", action="store_true", help="skip the plots")
-    parser.add_argument("--max-scales", type=int, default=None, help="validate: stop every policy after N scales")
+    parser.add_argument("--max-scales", type=positive_int, default=None,
+                        help="validate: stop every policy after N scales")
     parser.add_argument("--family", action="append", default=None, help="validate: only these families")
     return parser
 
@@ -93,22 +106,13 @@ def cmd_ls() -> int:
     return 0
 
 
-def _threads_arg(text):
-    if text in (None, "auto", "torch"):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise SystemExit(f"error: --threads must be a number, 'auto' or 'torch', got {text!r}") from None
-
-
 def cmd_validate(args) -> int:
     from ablations.runner import resolve_threads
     from ablations.validate import validate_families
 
     report = validate_families(args.family, model=args.model or "official-tiny", weights=args.weights,
                                max_scales=args.max_scales, overrides=args.overrides, method=args.method,
-                               threads=resolve_threads(_threads_arg(args.threads))[0])
+                               threads=resolve_threads(args.threads)[0])
     print(f"validate: {len(report.checked)} arms ok, {len(report.errors)} failed ({report.seconds:.1f} s)")
     for family, arm, message in report.errors:
         print(f"  {family}/{arm}: {message}")
@@ -129,14 +133,16 @@ def cmd_family(args) -> int:
         method=args.method, warmup=args.warmup, progress=not args.no_progress, dtype=args.dtype,
         arms=tuple(a.strip() for a in args.arms.split(",")) if args.arms else None,
         inception_weights=args.inception_weights, clip_weights=args.clip_weights, classifier=args.classifier,
-        plots=not args.no_plots, threads=_threads_arg(args.threads), timing_rounds=args.timing_rounds,
+        plots=not args.no_plots, threads=args.threads, timing_rounds=args.timing_rounds,
         timing_batch=args.timing_batch)
     try:
         plan = plan_study(options)
     except (OverrideError, ValueError, KeyError) as exc:
         print(f"error: {exc if not isinstance(exc, KeyError) else exc.args[0]}", file=sys.stderr)
         return 2
-    result = run_study(options, plan=plan)
+    note_results_folder(plan.out_dir)  # Ctrl-C from here on names it: finished arms are kept there
+    with lightning_interrupts():
+        result = run_study(options, plan=plan)
     print()
     table = result.out_dir / "table.md"
     if table.is_file():
@@ -186,8 +192,9 @@ def main(argv=None) -> int:
         print(f"error: unknown command {args.command!r}.{hint} Use a family ({', '.join(families)}), 'ls' or "
               f"'validate'.", file=sys.stderr)
         return 2
+    check_devices(args.accelerator, args.devices)
     return cmd_family(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -13,7 +13,6 @@ These are benchmarks, not tests: the machines are shared and noisy, so read rati
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import sys
@@ -22,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from studies._args import ArgumentParser, model_name, positive_int, preset_name
+from studies._cli import run_cli
 from var_core.engine import GenerationOptions, Policy, SamplingConfig, ScalePlan, Tracer, generate
 from var_core.engine.reference_loop import reference_generate
 from var_core.models.zoo import load_model
@@ -158,21 +159,21 @@ def _last_scale_block_flops(adapter, kept_tokens) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studies.bench", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m studies.bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     eng = sub.add_parser("engine", help="engine vs reference loop; empty-slot cost; half-pruned last scale")
-    eng.add_argument("--model", default="random:var-d16")
-    eng.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    eng.add_argument("--repeats", type=int, default=3)
+    eng.add_argument("--model", default="random:var-d16", type=model_name)
+    eng.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8])
+    eng.add_argument("--repeats", type=positive_int, default=3)
     eng.add_argument("--seed", type=int, default=0)
     eng.add_argument("--with-decode", action="store_true", help="include the VQ decoder in the timed region")
     pre = sub.add_parser("presets", help="every preset vs baseline (FLOPs, wall clock, entropy overhead)")
-    pre.add_argument("--model", default="testbed")
-    pre.add_argument("--batch-size", type=int, default=1)
-    pre.add_argument("--repeats", type=int, default=3)
+    pre.add_argument("--model", default="testbed", type=model_name)
+    pre.add_argument("--batch-size", type=positive_int, default=1)
+    pre.add_argument("--repeats", type=positive_int, default=3)
     pre.add_argument("--seed", type=int, default=0)
-    pre.add_argument("--presets", nargs="*", default=None)
-    pre.add_argument("--threads", type=int, default=None,
+    pre.add_argument("--presets", nargs="*", default=None, type=preset_name)
+    pre.add_argument("--threads", type=positive_int, default=None,
                      help="torch intra-op threads (default: torch's own; 1 gives the steadiest ratios on a shared CPU)")
     args = parser.parse_args(argv)
     if args.what == "engine":
@@ -183,4 +184,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import torch
 
+from studies._args import ArgumentParser, existing_path, model_name, output_file, positive_int
+from studies._cli import run_cli
 from var_core.engine import SamplingConfig, generate
 from var_core.eval.images import save_grid
 from var_core.models.zoo import load_model
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studies.demo", description=__doc__)
-    parser.add_argument("--model", default="testbed")
-    parser.add_argument("--weights", default=None)
-    parser.add_argument("--per-class", type=int, default=4)
-    parser.add_argument("--classes", type=int, default=10, help="first N classes")
+    parser = ArgumentParser(prog="python -m studies.demo", description=__doc__)
+    parser.add_argument("--model", default="testbed", type=model_name)
+    parser.add_argument("--weights", default=None, type=existing_path)
+    parser.add_argument("--per-class", type=positive_int, default=4)
+    parser.add_argument("--classes", type=positive_int, default=10, help="first N classes")
     parser.add_argument("--cfg", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="results/demo_grid.png")
+    parser.add_argument("--out", default="results/demo_grid.png", type=output_file, help="the PNG to write")
     args = parser.parse_args(argv)
     adapter = load_model(args.model, weights=args.weights)
     sampling = getattr(adapter, "default_sampling", SamplingConfig())
@@ -39,4 +40,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

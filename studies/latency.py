@@ -50,6 +50,11 @@ from typing import Any
 
 import torch
 
+from studies._args import (ArgumentParser, existing_path, model_name, non_negative_int, positive_int, preset_name,
+                           results_folder, torch_device)
+from studies._cli import run_cli
+from var_core.errors import UserError
+
 # entropy work: the components' scoring spans (studies.bench_presets.SCORING_SPANS) plus NOVA's lens projection
 ENTROPY_COMPONENTS = ("accel/scorer", "accel/entropy", "lens")
 PROMPTS = (
@@ -652,6 +657,22 @@ def write_markdown(path: Path, info: dict, summaries: dict[int, list[dict]], per
 
 
 # ----- the study ---------------------------------------------------------------------------------------------
+def batch_sizes(settings: LatencySettings) -> list[int]:
+    """The latency batch, then the throughput batch when there is a different one."""
+    batches = [settings.batch_size]
+    if settings.throughput_batch and settings.throughput_batch != settings.batch_size:
+        batches.append(settings.throughput_batch)
+    return batches
+
+
+def default_out_dir(settings: LatencySettings, model: str) -> Path:
+    """``--out``, else ``results/latency/<model>_<method>_b<B>[-<TB>]`` (``model`` resolved)."""
+    if settings.out:
+        return Path(settings.out)
+    return Path("results") / "latency" / (
+        f"{model.replace(':', '-')}_{settings.method}_b{'-'.join(map(str, batch_sizes(settings)))}")
+
+
 def run_latency(settings: LatencySettings, command: str | None = None, log=print) -> dict:
     """Run the study (see the module docstring); ``--threads`` is restored to its previous value afterwards."""
     previous_threads = torch.get_num_threads()
@@ -687,11 +708,8 @@ def _run_latency(settings: LatencySettings, command: str | None, log) -> dict:
         get_preset(m)  # unknown names fail before anything runs
     adapter = load_model(model, weights=settings.weights, device=device, dtype=dtype, seed=settings.seed)
     sampling = resolve_sampling(adapter, model, settings.weights)
-    batches = [settings.batch_size]
-    if settings.throughput_batch and settings.throughput_batch != settings.batch_size:
-        batches.append(settings.throughput_batch)
-    out = Path(settings.out) if settings.out else Path("results") / "latency" / (
-        f"{model.replace(':', '-')}_{settings.method}_b{'-'.join(map(str, batches))}")
+    batches = batch_sizes(settings)
+    out = default_out_dir(settings, model)
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
     env = _environment(adapter, device, settings, "cuda-events" if cuda else "cpu-perf_counter",
@@ -807,6 +825,10 @@ def _run_latency(settings: LatencySettings, command: str | None, log) -> dict:
 ATTENTION_OPS = ("scores", "pv")
 
 
+class ArchConfigError(UserError, ValueError):
+    """``--arch-flops`` for a model whose architecture is not known without its weights."""
+
+
 def arch_flops_table(model: str, text_len: int = 64, batch: int = 1, guidance: bool = True):
     """Per-scale analytic FLOPs of a dense generation of a zoo architecture, built from its config alone
     (:func:`profilers.flops.infinity_arch` / :func:`~profilers.flops.var_arch` and
@@ -830,7 +852,7 @@ def arch_flops_table(model: str, text_len: int = 64, batch: int = 1, guidance: b
     elif base in ZOO and ZOO[base].var_config is not None:
         arch = var_arch(ZOO[base].var_config)
     else:
-        raise ValueError(f"no arch-only config for {model!r}: use infinity-2b, infinity-8b, infinity-tiny or "
+        raise ArchConfigError(f"no arch-only config for {model!r}: use infinity-2b, infinity-8b, infinity-tiny or "
                          f"var-d16 … var-d36")
     mode = GuidanceMode.BOTH if guidance else GuidanceMode.COND_ONLY
     report = count_record_flops(arch, dense_records(arch.scale_hw, mode), batch_size=batch)
@@ -882,30 +904,35 @@ def _arch_flops_main(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies.latency", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="model name (default: testbed when its weights are shipped, else "
-                                                 "official-tiny); random:var-d16, random:infinity-tiny, ...")
-    p.add_argument("--weights", default=None, help="weights file or directory (see var_core.models.zoo)")
-    p.add_argument("--method", default="nova", help="the method preset to report (default nova)")
-    p.add_argument("--compare", nargs="*", default=["baseline"],
+    p = ArgumentParser(prog="python -m studies.latency", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, type=model_name,
+                   help="model name (default: testbed when its weights are shipped, else official-tiny); "
+                        "random:var-d16, random:infinity-tiny, ...")
+    p.add_argument("--weights", default=None, type=existing_path,
+                   help="weights file or directory (see var_core.models.zoo)")
+    p.add_argument("--method", default="nova", type=preset_name, help="the method preset to report (default nova)")
+    p.add_argument("--compare", nargs="*", default=["baseline"], type=preset_name,
                    help="presets to compare against (default: baseline; baseline is always added as the reference)")
-    p.add_argument("--batch-size", type=int, default=1, help="latency batch (default 1)")
-    p.add_argument("--throughput-batch", type=int, default=16, help="throughput batch (default 16; 0: none)")
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="discarded generations per method and batch (default 2)")
-    p.add_argument("--out", default=None, help="output folder")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="latency batch (default 1)")
+    p.add_argument("--throughput-batch", type=non_negative_int, default=16,
+                   help="throughput batch (default 16; 0: none)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed rounds (default 5)")
+    p.add_argument("--warmup", type=non_negative_int, default=2,
+                   help="discarded generations per method and batch (default 2)")
+    p.add_argument("--out", default=None, type=results_folder, help="output folder")
     p.add_argument("--profile", action="store_true", help="also a torch.profiler chrome trace and op table")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--device", default=None, type=torch_device, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--breakdown-scale", type=int, default=None, help="scale of the Table-8 breakdown (default last)")
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument("--arch-flops", action="store_true",
                    help="only print the analytic per-scale FLOPs of --model's architecture for a dense generation "
                         "(no weights loaded, nothing run; works for infinity-2b, var-d30, ...)")
-    p.add_argument("--text-len", type=int, default=64, help="with --arch-flops (Infinity): text tokens (default 64)")
+    p.add_argument("--text-len", type=positive_int, default=64,
+                   help="with --arch-flops (Infinity): text tokens (default 64)")
     p.add_argument("--no-guidance", action="store_true", help="with --arch-flops: one row per sample (no CFG)")
     p.add_argument("--all-breakdowns", action="store_true",
                    help="per-method breakdown figures (breakdown/<method>_b<B>/) for the throughput batch too "
@@ -935,4 +962,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -3,35 +3,38 @@ JSON records (e.g. after editing the plotting code, or to add the W&B mirror lat
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
+from studies._args import ArgumentParser, existing_path
+from studies._cli import run_cli
+from var_core.errors import UserError
+
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studies.report", description=__doc__)
-    parser.add_argument("run_dir", help="a results folder written by python -m studies.ablate")
+    parser = ArgumentParser(prog="python -m studies.report", description=__doc__)
+    parser.add_argument("run_dir", type=existing_path, help="a results folder written by python -m studies.ablate")
     parser.add_argument("--wandb", choices=("offline", "online", "disabled"), default="disabled")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
 
-    from ablations.base import Arm
-    from ablations.report import load_records, write_report
+    from ablations.report import read_folder, write_report
 
     out_dir = Path(args.run_dir)
-    records = load_records(out_dir)
-    if not records:
-        print(f"error: no finished arm records in {out_dir / 'arms'}", file=sys.stderr)
-        return 2
-    unavailable = []
-    manifest = out_dir / "study.json"
-    if manifest.is_file():
-        for a in json.loads(manifest.read_text()).get("arms", []):
-            if a.get("error"):
-                unavailable.append(Arm(a["name"], None, a.get("description", ""), role=a.get("role", "arm"),
-                                       error=a["error"], changes=a.get("changes", "")))
-    outputs = write_report(out_dir, records, unavailable, plots=not args.no_plots, wandb_mode=args.wandb)
+    if not out_dir.is_dir():
+        raise UserError(f"{out_dir} is a file: give the results folder of python -m studies.ablate")
+    # JSON records, and tensors read with weights_only=True: nothing in the folder is run. An arm that cannot be
+    # read is listed (naming the file) in the table and below, never dropped.
+    contents = read_folder(out_dir)
+    if not contents.records:
+        why = "".join(f"; {line}" for line in contents.problems)
+        raise UserError(f"no readable finished arm record in {out_dir / 'arms'}{why}: is {out_dir} a results "
+                        f"folder of python -m studies.ablate? (sweep and sensitivity folders write their own "
+                        f"reports)")
+    outputs = write_report(out_dir, contents.records, contents.unavailable, plots=not args.no_plots,
+                           wandb_mode=args.wandb, problems=contents.problems, log=lambda line: None)
+    for line in outputs.get("problems") or []:
+        print(f"warning: {line}")
     print(f"table : {outputs.get('markdown')}  and  {outputs.get('csv')}")
     for name, path in (outputs.get("plots") or {}).items():
         print(f"plot  : {path}")
@@ -42,4 +45,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

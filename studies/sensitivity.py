@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from studies._args import ArgumentParser, check_evaluation_args, lightning_interrupts, preset_name, results_folder
+from studies._cli import note_results_folder, run_cli
 from studies._evaluation_cli import add_evaluation_arguments, evaluation_settings, wandb_mode
+from var_core.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies.sensitivity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m studies.sensitivity", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("field", help="the knob: dotted path, alias (tau, lambda, t_est, alpha, rho, delta) or a+b tie")
     p.add_argument("--values", nargs="+", required=True, help="grid values (parsed into the knob's type)")
-    p.add_argument("--method", default=None, help="method preset (default: nova if it has the field)")
+    p.add_argument("--method", default=None, type=preset_name, help="method preset (default: nova if it has the field)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="fixed setting of the base policy (repeatable)")
     p.add_argument("--metrics", nargs="+", default=None,
@@ -35,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "apply to the model)")
     p.add_argument("--seed", type=int, default=0)
     add_evaluation_arguments(p, unit="point", threads_default="torch's")
-    p.add_argument("--out", default=None, help="output folder (re-use it to resume)")
+    p.add_argument("--out", default=None, type=results_folder, help="output folder (re-use it to resume)")
     p.add_argument("--wandb", choices=("offline", "online", "disabled"), default=None,
                    help="W&B mirror (default $WANDB_MODE, else offline)")
     return p
@@ -43,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from sweeps.sensitivity import DEFAULT_METRICS, SensitivityError, SensitivitySpec, run_sensitivity
+    check_evaluation_args(args)
+    from sweeps.sensitivity import (DEFAULT_METRICS, SensitivityError, SensitivitySpec, default_out_dir,
+                                    resolve_grid, run_sensitivity)
 
     spec = SensitivitySpec(
         param=args.field, values=tuple(args.values), method=args.method, overrides=tuple(args.overrides),
@@ -51,7 +57,18 @@ def main(argv=None) -> int:
         eval=evaluation_settings(args, args.threads),
         out=args.out, wandb=wandb_mode(args.wandb))
     try:
-        result = run_sensitivity(spec)
+        method = resolve_grid(spec)[0]  # the grid values parse into the knob's type, before any model is loaded
+    except UserError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"--values: {exc}") from None
+    from ablations.runner import resolve_model
+
+    model = resolve_model(spec.eval.model, spec.eval.weights)[0]
+    note_results_folder(Path(spec.out) if spec.out else default_out_dir(spec, method, model))
+    try:
+        with lightning_interrupts():
+            result = run_sensitivity(spec)
     except SensitivityError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -67,4 +84,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -30,19 +30,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from studies._args import (ArgumentParser, check_evaluation_args, lightning_interrupts, positive_float, positive_int,
+                           preset_name, results_folder)
+from studies._cli import note_results_folder, run_cli
 from studies._evaluation_cli import add_evaluation_arguments, evaluation_settings, wandb_mode
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies.sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("method", help="a method preset: nova, fastvar, ldpruning, toprovar, sparsevar, skipvar, stagevar")
+    p = ArgumentParser(prog="python -m studies.sweep", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("method", type=preset_name,
+                   help="a method preset: nova, fastvar, ldpruning, toprovar, sparsevar, skipvar, stagevar")
     p.add_argument("--param", dest="params", action="append", default=[], metavar="FIELD[=RANGE]",
                    help="field to tune (repeatable; default: every tunable knob of the method)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="fixed setting of the base policy, e.g. --set schedule.ratio_is=kept (repeatable)")
-    p.add_argument("--trials", type=int, default=40, help="COMPLETE trials the study should hold (default 40)")
+    p.add_argument("--trials", type=positive_int, default=40, help="COMPLETE trials the study should hold (default 40)")
     p.add_argument("--cost", choices=("flops", "latency"), default="flops",
                    help="cost objective: FLOPs ratio (default; deterministic) or latency ratio vs the baseline")
     p.add_argument("--quality", default="psnr",
@@ -52,16 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="feasibility constraint, e.g. 'class_acc>=baseline-1', 'psnr>=30', 'none' (default auto: "
                         "class accuracy within 1 point of the baseline where the classifier applies)")
     p.add_argument("--sampler", choices=("nsga2", "tpe", "random"), default="nsga2")
-    p.add_argument("--population", type=int, default=None, help="NSGA-II population (default trials/4 in [4, 50])")
+    p.add_argument("--population", type=positive_int, default=None,
+                   help="NSGA-II population (default trials/4 in [4, 50])")
     p.add_argument("--seed", type=int, default=0, help="base seed of the samples and of the sampler")
     add_evaluation_arguments(p, unit="trial", threads_default="cores / workers")
-    p.add_argument("--out", default=None, help="output folder (re-use it to resume)")
+    p.add_argument("--out", default=None, type=results_folder, help="output folder (re-use it to resume)")
     p.add_argument("--storage", default=None,
                    help="Optuna storage: default a journal file <out>/study.journal; sqlite:///x.db, "
                         "postgresql://…, mysql://… are passed to optuna's RDBStorage; a plain path is a journal file")
     p.add_argument("--study-name", default=None, help="default <method>-<cost>-<quality>")
-    p.add_argument("--workers", type=int, default=1, help="local worker processes on the study (default 1)")
-    p.add_argument("--timeout", type=float, default=None, help="stop each worker after this many seconds")
+    p.add_argument("--workers", type=positive_int, default=1, help="local worker processes on the study (default 1)")
+    p.add_argument("--timeout", type=positive_float, default=None, help="stop each worker after this many seconds")
     p.add_argument("--wandb", choices=("offline", "online", "disabled"), default=None,
                    help="W&B mirror, one run per trial grouped by study (default $WANDB_MODE, else offline)")
     p.add_argument("--no-default-trial", action="store_true",
@@ -72,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from sweeps.optuna_study import SweepError, SweepSpec, run_sweep
+    check_evaluation_args(args)
+    from sweeps.optuna_study import SweepError, SweepSpec, default_out_dir, run_sweep
 
     if args.list:
         from sweeps.spaces import SpaceError, apply_overrides, format_tunable
@@ -94,8 +101,13 @@ def main(argv=None) -> int:
         eval=evaluation_settings(args, args.threads),
         out=args.out, storage=args.storage, study_name=args.study_name, wandb=wandb_mode(args.wandb),
         enqueue_default=not args.no_default_trial, timeout=args.timeout)
+    from ablations.runner import resolve_model
+
+    note_results_folder(Path(spec.out) if spec.out else default_out_dir(spec, resolve_model(spec.eval.model,
+                                                                                            spec.eval.weights)[0]))
     try:
-        result = run_sweep(spec, workers=args.workers)
+        with lightning_interrupts():
+            result = run_sweep(spec, workers=args.workers)
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -127,4 +139,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -48,6 +48,16 @@ A worker killed with SIGKILL loses at most its trial in flight, which stays RUNN
   without a worker record older than ``stale_after`` seconds is treated the same. Trials of live workers — or of
   workers on other hosts — are left alone (use an RDB storage with heartbeats across hosts).
 
+No parameter set is evaluated twice in one study. Each worker start seeds its sampler with
+:func:`sampler_seed` (a hash of the base ``seed``, the number of trials already in the storage and the worker
+index; recorded in the study's user attrs ``varscope.sampler_seed:…``, in each trial's user attr ``sampler_seed`` and
+in ``results.json`` ``sampler_seeds``), so a resumed, extended or second worker does not replay the proposals of an
+earlier start. And before a trial is evaluated, the storage is checked for a COMPLETE trial — or a lower-numbered
+RUNNING one — with the same parameters after rounding to the space's steps (:meth:`SweepSpace.key`): such a trial is
+PRUNED (user attr ``duplicate_of``) and does not count towards ``trials``; a worker whose last
+``MAX_CONSECUTIVE_DUPLICATES`` proposals were all duplicates stops (the space is exhausted). The Pareto front of the
+report holds one trial per parameter set.
+
 Dashboard: ``optuna-dashboard <out>/study.journal`` (journal) or ``optuna-dashboard sqlite:///x.db`` (RDB), then open
 http://127.0.0.1:8080 — it serves the study offline.
 """
@@ -79,14 +89,17 @@ from .spaces import SpaceError, SweepSpace, apply_overrides, build_space
 
 __all__ = ["SweepSpec", "Constraint", "COSTS", "QUALITIES", "SAMPLERS", "prepare", "run_sweep", "run_worker",
            "make_storage", "open_study", "recover_stale_trials", "write_report", "pareto_mask", "SweepError",
-           "default_out_dir", "dashboard_command"]
+           "default_out_dir", "dashboard_command", "sampler_seed", "make_sampler", "find_duplicate",
+           "pareto_numbers", "sampler_seeds", "trials_frame", "best_tradeoff"]
 
 COSTS = {"flops": "flops_ratio", "latency": "latency_ratio"}
 QUALITIES = ("psnr", "ssim", "ms_ssim", "token_agreement", "class_acc", "fid_proxy", "kid_proxy")
 SAMPLERS = ("nsga2", "tpe", "random")
 SPEC_ATTR = "varscope.spec"
 BASELINE_ATTR = "varscope.baseline"
+SEED_ATTR = "varscope.sampler_seed"  # one study user attr per worker start: f"{SEED_ATTR}:{worker}:{trials}:{pid}"
 STALE_AFTER = 600.0
+MAX_CONSECUTIVE_DUPLICATES = 50  # a worker stops after this many proposals in a row that were all evaluated already
 
 
 class SweepError(UserError, ValueError):
@@ -234,10 +247,24 @@ def dashboard_command(spec: SweepSpec, out_dir: Path) -> str:
     return f"optuna-dashboard {journal_path(spec.storage, out_dir)}"
 
 
-def make_sampler(spec: SweepSpec, worker_index: int = 0):
+def sampler_seed(base_seed: int | None, trials_in_storage: int, worker_index: int) -> int | None:
+    """The sampler seed of one worker start: a hash of (base seed, trials already in the storage, worker index).
+
+    Re-seeding identically on every start made a resumed or extended study (``--trials 2`` then ``--trials 4``)
+    or a second worker on the same study replay the first start's proposals, evaluating the same parameters twice.
+    ``None`` (no base seed) stays ``None`` (optuna seeds from the OS).
+    """
+    if base_seed is None:
+        return None
+    digest = hashlib.sha256(f"varscope-sampler:{int(base_seed)}:{int(trials_in_storage)}:{int(worker_index)}"
+                            .encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def make_sampler(spec: SweepSpec, worker_index: int = 0, trials_in_storage: int = 0):
     import optuna
 
-    seed = None if spec.seed is None else spec.seed + 1000 * worker_index
+    seed = sampler_seed(spec.seed, trials_in_storage, worker_index)
     if spec.sampler == "nsga2":
         pop = spec.population or max(4, min(50, spec.trials // 4))
         return optuna.samplers.NSGAIISampler(population_size=pop, seed=seed)
@@ -432,6 +459,27 @@ def _count(study, states) -> int:
     return len(study.get_trials(deepcopy=False, states=states))
 
 
+def find_duplicate(study, space: SweepSpace, number: int, params: dict):
+    """The trial that already evaluated (COMPLETE) or is evaluating (RUNNING, lower number) the parameter set
+    ``params`` (compared after rounding to the space's steps, :meth:`SweepSpace.key`), or ``None``.
+
+    Of two RUNNING trials with the same parameters only the lower-numbered one goes on, so two workers that draw
+    the same set at the same moment evaluate it once.
+    """
+    from optuna.trial import TrialState
+
+    key = space.key(params)
+    running = None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+        if t.number == number or space.key(t.params) != key:
+            continue
+        if t.state == TrialState.COMPLETE:
+            return t
+        if t.number < number and (running is None or t.number < running.number):
+            running = t
+    return running
+
+
 # ----- the objective ----------------------------------------------------------------------------------------
 def _wandb_env(out_dir: Path) -> None:
     root = out_dir / "wandb"
@@ -469,12 +517,22 @@ def _log_trial_wandb(prep: Prepared, trial_number: int, params: dict, metrics: d
     return run_dir
 
 
-def make_objective(prep: Prepared, baseline: dict, log: Callable[[str], None] = print):
+def make_objective(prep: Prepared, baseline: dict, log: Callable[[str], None] = print, seed: int | None = None):
+    import optuna
+
     spec = prep.spec
 
     def objective(trial) -> tuple[float, float]:
         trial.set_user_attr("worker", worker_info())
+        trial.set_user_attr("sampler_seed", seed)
         params = prep.space.suggest(trial)
+        twin = find_duplicate(trial.study, prep.space, trial.number, params)
+        if twin is not None:  # never evaluate one parameter set twice in a study
+            trial.set_user_attr("duplicate_of", twin.number)
+            how = "evaluated" if twin.state.name == "COMPLETE" else "being evaluated"
+            log(f"trial {trial.number}: {_fmt_params(params)} were {how} by trial {twin.number}: pruned, not "
+                f"evaluated again")
+            raise optuna.TrialPruned(f"duplicate of trial {twin.number}")
         name = f"trial-{trial.number:04d}"
         policy = prep.space.apply(params, name=f"{spec.method}/{name}")
         t0 = time.perf_counter()
@@ -525,10 +583,26 @@ def run_worker(prep: Prepared, worker_index: int = 0, log: Callable[[str], None]
     if _count(study, (TrialState.COMPLETE,)) >= target:
         log(f"worker {worker_index}: the study already has {target} complete trials")
         return 0
-    ran = {"n": 0, "failed": 0}
+    in_storage = len(study.get_trials(deepcopy=False))
+    seed = sampler_seed(prep.spec.seed, in_storage, worker_index)
+    study.sampler = make_sampler(prep.spec, worker_index, in_storage)
+    study.set_user_attr(f"{SEED_ATTR}:{worker_index}:{in_storage}:{os.getpid()}", {
+        "seed": seed, "base_seed": prep.spec.seed, "trials_in_storage": in_storage, "worker": worker_index,
+        "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "sampler": prep.spec.sampler})
+    log(f"worker {worker_index}: {prep.spec.sampler} sampler seed {seed} (base seed {prep.spec.seed}, "
+        f"{in_storage} trials in the storage)")
+    ran = {"n": 0, "failed": 0, "duplicates": 0}
 
     def stop_when_done(study, trial) -> None:
         ran["n"] += 1
+        if trial.state == TrialState.PRUNED and "duplicate_of" in trial.user_attrs:
+            ran["duplicates"] += 1
+            if ran["duplicates"] >= MAX_CONSECUTIVE_DUPLICATES:
+                log(f"worker {worker_index}: the last {ran['duplicates']} proposals were all evaluated already "
+                    f"(is the space exhausted?); stopping")
+                study.stop()
+        else:
+            ran["duplicates"] = 0
         if trial.state == TrialState.FAIL:
             ran["failed"] += 1
             if ran["failed"] > max(3, target // 2):
@@ -537,7 +611,7 @@ def run_worker(prep: Prepared, worker_index: int = 0, log: Callable[[str], None]
         if _count(study, (TrialState.COMPLETE,)) >= target:
             study.stop()
 
-    study.optimize(make_objective(prep, baseline, log), n_trials=None, timeout=prep.spec.timeout,
+    study.optimize(make_objective(prep, baseline, log, seed=seed), n_trials=None, timeout=prep.spec.timeout,
                    callbacks=[stop_when_done], gc_after_trial=True, show_progress_bar=False)
     return ran["n"]
 
@@ -619,13 +693,29 @@ def pareto_mask(values: np.ndarray, directions_: Sequence[str]) -> np.ndarray:
     return mask
 
 
+def pareto_numbers(study, space: SweepSpace) -> set[int]:
+    """Numbers of the Pareto-optimal trials (optuna's ``best_trials``: feasible first), one per parameter set —
+    the lowest-numbered trial of each (a study written before duplicates were pruned may hold a set twice)."""
+    seen: dict[tuple, int] = {}
+    for t in sorted(study.best_trials, key=lambda t: t.number):
+        seen.setdefault(space.key(t.params), t.number)
+    return set(seen.values())
+
+
+def sampler_seeds(study) -> list[dict]:
+    """The sampler seeds recorded by every worker start of the study, oldest first."""
+    attrs = study.user_attrs
+    found = [v for k, v in attrs.items() if k.startswith(SEED_ATTR + ":") and isinstance(v, dict)]
+    return sorted(found, key=lambda v: (v.get("started") or 0, v.get("worker") or 0))
+
+
 def trials_frame(study, prep: Prepared):
     import pandas as pd
     from optuna.trial import TrialState
 
     rows = []
     cost, quality = prep.cost_metric, prep.spec.quality
-    best_numbers = {t.number for t in study.best_trials}
+    best_numbers = pareto_numbers(study, prep.space)
     for t in study.get_trials(deepcopy=False):
         row: dict[str, Any] = {"number": t.number, "state": t.state.name,
                                "duration_s": t.duration.total_seconds() if t.duration else None}
@@ -647,11 +737,15 @@ def trials_frame(study, prep: Prepared):
         row["pareto"] = t.number in best_numbers
         row["config_hash"] = t.user_attrs.get("config_hash")
         row["worker"] = (lambda w: f"{w.get('host')}:{w.get('pid')}" if w else None)(t.user_attrs.get("worker"))
+        row["sampler_seed"] = t.user_attrs.get("sampler_seed")
+        row["duplicate_of"] = t.user_attrs.get("duplicate_of")
         row["record"] = t.user_attrs.get("record")
         row["note"] = t.user_attrs.get("fail_reason") or (f"retry of {t.user_attrs['retry_of']}"
                                                           if "retry_of" in t.user_attrs else
-                                                          ("preset default" if t.user_attrs.get("preset_default")
-                                                           else None))
+                                                          (f"duplicate of {t.user_attrs['duplicate_of']}"
+                                                           if "duplicate_of" in t.user_attrs else
+                                                           ("preset default" if t.user_attrs.get("preset_default")
+                                                            else None)))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -796,6 +890,7 @@ def write_report(prep: Prepared, log: Callable[[str], None] = print) -> dict:
         "evaluation": prep.evaluator.describe(), "warnings": prep.warnings,
         "baseline": {k: v for k, v in baseline["summary"].items()}, "baseline_record": "arms/baseline.json",
         "counts": frame["state"].value_counts().to_dict() if not frame.empty else {},
+        "sampler_seeds": sampler_seeds(study),
         "pareto_front": pareto.to_dict(orient="records"), "best_tradeoff": best, "importances": importances,
         "plots": plots, "plot_errors": errors, "trials_csv": str(csv_path),
         "environment": baseline.get("environment", {}),

@@ -210,6 +210,22 @@ class Param:
             return trial.suggest_categorical(self.name, list(s.choices))
         raise SpaceError(f"{self.name}: unknown search-space kind {s.kind!r}")
 
+    def canonical(self, value: Any) -> Any:
+        """``value`` as the space can tell it apart: ints rounded to their step, floats to their ``step`` grid
+        (from ``low``) or, without a step, to 12 significant digits (absorbs storage round-trip noise);
+        categorical values unchanged. Two trials whose canonical values agree evaluate the same policy."""
+        s = self.space
+        if value is None or s.kind == "categorical" or isinstance(value, (bool, str)):
+            return value
+        if s.kind == "int":
+            step = int(s.step or 1)
+            low = int(s.low)
+            return low + step * int(round((float(value) - low) / step))
+        v = float(value)
+        if s.step and not s.log:
+            v = float(s.low) + float(s.step) * round((v - float(s.low)) / float(s.step))
+        return float(f"{v:.12g}")
+
     def to_dict(self) -> dict:
         return {"name": self.name, "label": self.label, "paths": list(self.paths),
                 "space": dataclasses.asdict(self.space), "default": self.default, "doc": self.doc}
@@ -332,6 +348,11 @@ class SweepSpace:
 
     def names(self) -> list[str]:
         return [p.name for p in self.params]
+
+    def key(self, values: Mapping[str, Any]) -> tuple:
+        """A hashable identity of one parameter set (canonical values, see :meth:`Param.canonical`, in the
+        space's order); parameters the space does not have are ignored, missing ones are ``None``."""
+        return tuple((p.name, p.canonical(values.get(p.name))) for p in self.params)
 
     def to_dict(self) -> dict:
         return {"base": self.base.to_dict(), "base_hash": self.base.config_hash(),

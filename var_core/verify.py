@@ -1,133 +1,208 @@
 """``python -m var_core.verify FIXTURE_DIR``: check our models against golden outputs of the official code.
 
 Accepts any folder in the format of ``shared/fixtures/official_var_tiny`` (config.json + weights + golden
-files), whatever its scales, vocabulary, depth and batch. Prints one line per check with the maximum
-deviation and the tolerance, ends with ``verify: N passed, M failed`` and exits non-zero on any failure.
-RNG-dependent goldens are optional: a mismatch there is reported as ``SKIP``/``INFO``, not a failure, because
-our per-sample sampler may consume randomness differently from the official single-generator one.
+files), whatever its scales, vocabulary, depth and batch, and Infinity folders in the format of
+``shared/fixtures/official_infinity_tiny`` (see ``verify_infinity``). Prints one line per check with the maximum
+deviation and the tolerance, ends with ``verify: N passed, M failed`` (``, K skipped`` when some checks were
+skipped) and exits 0 only when nothing failed.
+
+The folder's ``SHA256SUMS`` is its manifest (see ``verify_common``): every listed file must be there with its
+hash, and every listed golden must be read by a check. A folder without one is refused (exit 2) unless
+``--partial`` is given; the output then says PARTIAL and which manifest checks were skipped. A golden that lacks
+an optional key gives a ``SKIP`` line; a missing required key or an unreadable file gives one ``FAIL`` line
+naming the file. RNG-dependent goldens are optional: a mismatch there is reported as ``INFO``, not a failure,
+because our per-sample sampler may consume randomness differently from the official single-generator one.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .errors import UserError
+from .models.loading import CheckpointError
+from .verify_common import (Check, Fixture, FixtureFileError, _close, _identical, _max_dev, absent, fail,  # noqa: F401
+                            one_line, read_config, require_keys, skip, summary_line)
+
 TOL_LOGITS = 1e-4
 TOL_IMAGE = 2e-4
 
-
-@dataclass
-class Check:
-    name: str
-    passed: bool | None  # None: optional check, reported only
-    deviation: float | str
-    tolerance: float | str
-
-    def line(self) -> str:
-        status = {True: "PASS", False: "FAIL", None: "INFO"}[self.passed]
-        dev = f"{self.deviation:.3g}" if isinstance(self.deviation, float) else self.deviation
-        tol = f"{self.tolerance:.3g}" if isinstance(self.tolerance, float) else self.tolerance
-        return f"{status}  {self.name:<48s} max_dev={dev:<10s} tol={tol}"
+__all__ = ["Check", "TOL_IMAGE", "TOL_LOGITS", "detect_family", "main", "verify_var_fixture"]
 
 
-def _max_dev(a, b) -> float:
-    a, b = torch.as_tensor(a).float(), torch.as_tensor(b).float()
-    if a.shape != b.shape:
-        return float("inf")
-    return float((a - b).abs().max()) if a.numel() else 0.0
+def verify_var_fixture(folder: Path | Fixture, partial: bool = False) -> list[Check]:
+    """Every check of a VAR fixture folder: manifest integrity, VQVAE, teacher forcing, AR runs, coverage."""
+    fx = folder if isinstance(folder, Fixture) else Fixture(folder, partial=partial)
+    checks = fx.integrity_checks()
+    checks += _var_model_checks(fx)
+    checks += fx.coverage_checks()
+    return checks
 
 
-def _close(name, ours, golden, tol) -> Check:
-    if isinstance(golden, (list, tuple)):
-        devs = [_max_dev(o, g) for o, g in zip(ours, golden)]
-        dev = max(devs) if len(ours) == len(golden) else float("inf")
-    else:
-        dev = _max_dev(ours, golden)
-    return Check(name, dev <= tol, dev, tol)
+def _var_model_checks(fx: Fixture) -> list[Check]:
+    from .models.zoo import load_fixture_files
 
-
-def _identical(name, ours, golden, optional=False) -> Check:
-    ours, golden = list(ours), list(golden)
-    mismatches = sum(int((o != g).sum()) if o.shape == g.shape else g.numel() for o, g in zip(ours, golden))
-    mismatches += abs(len(ours) - len(golden))
-    total = sum(g.numel() for g in golden)
-    ok = mismatches == 0
-    return Check(name, ok if not optional else (None if not ok else True), f"{mismatches}/{total} differ", "exact")
-
-
-def verify_var_fixture(folder: Path) -> list[Check]:
-    from .engine import GenerationOptions, SamplingConfig, generate
-    from .engine.adapters.var_adapter import VARAdapter
-    from .models.zoo import load_var_files
-
-    config = json.loads((folder / "config.json").read_text())
-    patch_nums = config["build_vae_var_kwargs"]["patch_nums"]
+    config = fx.config()
+    if "build_vae_var_kwargs" not in config or "patch_nums" not in config["build_vae_var_kwargs"]:
+        return [fail("config", "config.json lacks build_vae_var_kwargs.patch_nums (the official build_vae_var "
+                               "arguments)")]
     checks: list[Check] = []
-    variants = [("var", "var.pth", "golden_var")]
-    if (folder / "var_saln.pth").exists():
-        variants.append(("var_saln", "var_saln.pth", "golden_var_saln"))
+    variants = [("var", "var.pth", "golden_var", False)]
+    if fx.has("var_saln.pth") or fx.goldens("golden_var_saln_*"):
+        variants.append(("var_saln", "var_saln.pth", "golden_var_saln", True))
 
-    var, vae = load_var_files(folder / "var.pth", folder / "vae.pth", patch_nums=patch_nums)
-    vae.eval()
-    golden = torch.load(folder / "golden_vqvae.pt", weights_only=True)
+    loaded = []
+    for tag, weight_file, prefix, saln in variants:
+        try:
+            var, vae = load_fixture_files(fx.folder, saln=saln)
+        except CheckpointError as exc:
+            checks.append(fail(f"{tag}/load", f"{weight_file} / vae.pth could not be loaded: {one_line(exc)}"))
+            continue
+        loaded.append((tag, prefix, var.eval(), vae.eval()))
+
+    vq_golden = None
+    if loaded and fx.has("golden_vqvae.pt"):
+        try:
+            vq_golden = _vqvae_checks(fx, loaded[0][3], checks)
+        except FixtureFileError as exc:
+            checks.append(fail("vqvae", one_line(exc)))
+
+    for tag, prefix, var, vae in loaded:
+        tf_name = f"{prefix}_teacher_forcing.pt"
+        if fx.has(tf_name):
+            _guard(checks, f"{tag}/teacher_forcing",
+                   lambda: _teacher_forcing_checks(fx, tf_name, tag, var, vae, vq_golden, checks))
+        from .engine.adapters.var_adapter import VARAdapter
+
+        adapter = VARAdapter(var, vae)
+        for name in fx.goldens(f"{prefix}_ar_greedy_cfg*.pt"):
+            _guard(checks, f"{tag}/{name}", lambda: _greedy_checks(fx, name, tag, adapter, vae, checks))
+        for name in fx.goldens(f"{prefix}_ar_sampled_rng_*.pt"):
+            _guard(checks, f"{tag}/{name}", lambda: _rng_checks(fx, name, tag, adapter, checks))
+        for name in fx.goldens(f"{prefix}_ar_smooth_*.pt"):
+            fx.consume(name)
+            checks.append(skip(f"{tag}/optional/{Path(name).stem}",
+                               "gumbel 'more_smooth' is a visualisation mode we do not implement"))
+    return checks
+
+
+def _guard(checks: list[Check], tag: str, body) -> None:
+    """Run one golden's checks; an unreadable file becomes one FAIL line naming it."""
+    try:
+        body()
+    except FixtureFileError as exc:
+        checks.append(fail(tag, one_line(exc)))
+
+
+def _vqvae_checks(fx: Fixture, vae, checks: list[Check]):
+    name = "golden_vqvae.pt"
+    golden = fx.load(name)
+    if golden is None:
+        return None
+    problem = require_keys(golden, name, "vqvae", ("image",))
+    if problem:
+        checks.append(problem)
+        return golden if isinstance(golden, dict) else None
     with torch.no_grad():
         f = vae.encode_features(golden["image"])
-        checks.append(_close("vqvae/f_encoded", f, golden["f_encoded"], TOL_LOGITS))
-        checks.append(_identical("vqvae/idx_Bl", vae.quantize.f_to_idx_list(f), golden["idx_Bl"]))
-        checks.append(_close("vqvae/f_hat_per_scale", vae.quantize.f_to_fhat_list(f), golden["f_hat_per_scale"],
-                             TOL_LOGITS))
-        recon = vae.fhat_to_img(vae.quantize.f_to_fhat_list(f)[-1])
-        checks.append(_close("vqvae/recon", recon, golden["recon"], TOL_IMAGE))
+        f_hats = vae.quantize.f_to_fhat_list(f)
+        wanted = {
+            "f_encoded": lambda: _close("vqvae/f_encoded", f, golden["f_encoded"], TOL_LOGITS),
+            "idx_Bl": lambda: _identical("vqvae/idx_Bl", vae.quantize.f_to_idx_list(f), golden["idx_Bl"]),
+            "f_hat_per_scale": lambda: _close("vqvae/f_hat_per_scale", f_hats, golden["f_hat_per_scale"],
+                                              TOL_LOGITS),
+            "recon": lambda: _close("vqvae/recon", vae.fhat_to_img(f_hats[-1]), golden["recon"], TOL_IMAGE),
+        }
+        for key, make in wanted.items():
+            checks.append(make() if key in golden else skip(f"vqvae/{key}", absent(name, key)))
+    return golden
 
-    for tag, weight_file, prefix in variants:
-        var, _ = load_var_files(folder / weight_file, folder / "vae.pth", patch_nums=patch_nums)
-        var.eval()
-        adapter = VARAdapter(var, vae)
-        tf_path = folder / f"{prefix}_teacher_forcing.pt"
-        if tf_path.exists():
-            tf = torch.load(tf_path, weights_only=True)
-            with torch.no_grad():
-                x_in = vae.quantize.idx_list_to_var_input(golden["idx_Bl"])
-                checks.append(_close(f"{tag}/teacher_forcing/input", x_in, tf["x_BLCv_wo_first_l"], TOL_LOGITS))
-                logits, blocks = var(tf["labels"], tf["x_BLCv_wo_first_l"], return_block_outputs=True)
-            checks.append(_close(f"{tag}/teacher_forcing/logits", logits, tf["logits_BLV"], TOL_LOGITS))
-            checks.append(_close(f"{tag}/teacher_forcing/block_outputs", blocks, tf["block_outputs"], TOL_LOGITS))
-        for ar_path in sorted(folder.glob(f"{prefix}_ar_greedy_cfg*.pt")):
-            g = torch.load(ar_path, weights_only=True)
-            args = g["args"]
-            cfg_value = float(args["cfg"])
-            name = f"{tag}/greedy_cfg{cfg_value:g}"
-            labels = torch.as_tensor(args["label_B"])
-            sampling = SamplingConfig(cfg=cfg_value, top_k=int(args.get("top_k", 1)), top_p=float(args.get("top_p", 0)))
-            result = generate(adapter, labels, seeds=[0] * len(labels), sampling=sampling,
-                              options=GenerationOptions())
-            if "raw_logits" in g:
-                checks.append(_close(f"{name}/raw_logits", [r.raw_logits_RNV for r in result.records],
-                                     g["raw_logits"], TOL_LOGITS))
-            checks.append(_close(f"{name}/cfg_logits", [r.guided_logits_BNV for r in result.records],
-                                 g["cfg_logits"], TOL_LOGITS))
-            checks.append(_identical(f"{name}/tokens", result.tokens, g["idx_Bl"]))
-            f_hats = _fhat_trajectory(vae, result.tokens)
-            checks.append(_close(f"{name}/f_hat", f_hats, g["f_hat"], TOL_LOGITS))
-            checks.append(_close(f"{name}/image", result.images, g["image"], TOL_IMAGE))
-        for rng_path in sorted(folder.glob(f"{prefix}_ar_sampled_rng_*.pt")):
-            g = torch.load(rng_path, weights_only=True)
-            args = g["args"]
-            labels = torch.as_tensor(args["label_B"])
-            sampling = SamplingConfig(cfg=float(args["cfg"]), top_k=int(args["top_k"]), top_p=float(args["top_p"]))
-            gen = torch.Generator().manual_seed(int(args["g_seed"]))
-            result = generate(adapter, labels, sampling=sampling, shared_generator=gen)
-            checks.append(_identical(f"{tag}/optional/{rng_path.stem}/tokens", result.tokens, g["idx_Bl"],
-                                     optional=True))
-        for smooth_path in sorted(folder.glob(f"{prefix}_ar_smooth_*.pt")):
-            checks.append(Check(f"{tag}/optional/{smooth_path.stem}", None, "skipped",
-                                "gumbel 'more_smooth' is a visualisation mode we do not implement"))
-    return checks
+
+def _teacher_forcing_checks(fx: Fixture, name: str, tag: str, var, vae, vq_golden, checks: list[Check]) -> None:
+    tf = fx.load(name)
+    if tf is None:
+        return
+    problem = require_keys(tf, name, f"{tag}/teacher_forcing", ("labels", "x_BLCv_wo_first_l"))
+    if problem:
+        checks.append(problem)
+        return
+    with torch.no_grad():
+        if vq_golden is not None and "idx_Bl" in vq_golden:
+            x_in = vae.quantize.idx_list_to_var_input(vq_golden["idx_Bl"])
+            checks.append(_close(f"{tag}/teacher_forcing/input", x_in, tf["x_BLCv_wo_first_l"], TOL_LOGITS))
+        else:
+            checks.append(skip(f"{tag}/teacher_forcing/input",
+                               "needs idx_Bl from golden_vqvae.pt, which is unavailable"))
+        logits, blocks = var(tf["labels"], tf["x_BLCv_wo_first_l"], return_block_outputs=True)
+    for key, ours, label in (("logits_BLV", logits, "logits"), ("block_outputs", blocks, "block_outputs")):
+        if key in tf:
+            checks.append(_close(f"{tag}/teacher_forcing/{label}", ours, tf[key], TOL_LOGITS))
+        else:
+            checks.append(skip(f"{tag}/teacher_forcing/{label}", absent(name, key)))
+
+
+def _labels_and_args(g, name: str, tag: str, needed: tuple[str, ...], checks: list[Check]):
+    problem = require_keys(g, name, tag, ("args",))
+    if problem is None:
+        problem = require_keys(g["args"], f"{name}['args']", tag, needed)
+    if problem:
+        checks.append(problem)
+        return None
+    return g["args"]
+
+
+def _greedy_checks(fx: Fixture, name: str, tag: str, adapter, vae, checks: list[Check]) -> None:
+    from .engine import GenerationOptions, SamplingConfig, generate
+
+    g = fx.load(name)
+    if g is None:
+        return
+    args = _labels_and_args(g, name, f"{tag}/{Path(name).stem}", ("cfg", "label_B"), checks)
+    if args is None:
+        return
+    cfg_value = float(args["cfg"])
+    label = f"{tag}/greedy_cfg{cfg_value:g}"
+    labels = torch.as_tensor(args["label_B"])
+    sampling = SamplingConfig(cfg=cfg_value, top_k=int(args.get("top_k", 1)), top_p=float(args.get("top_p", 0)))
+    result = generate(adapter, labels, seeds=[0] * len(labels), sampling=sampling, options=GenerationOptions())
+    wanted = {
+        "raw_logits": lambda: _close(f"{label}/raw_logits", [r.raw_logits_RNV for r in result.records],
+                                     g["raw_logits"], TOL_LOGITS),
+        "cfg_logits": lambda: _close(f"{label}/cfg_logits", [r.guided_logits_BNV for r in result.records],
+                                     g["cfg_logits"], TOL_LOGITS),
+        "idx_Bl": lambda: _identical(f"{label}/tokens", result.tokens, g["idx_Bl"]),
+        "f_hat": lambda: _close(f"{label}/f_hat", _fhat_trajectory(vae, result.tokens), g["f_hat"], TOL_LOGITS),
+        "image": lambda: _close(f"{label}/image", result.images, g["image"], TOL_IMAGE),
+    }
+    optional = {"raw_logits"}  # recorded only in the cfg 1.5 files: its absence is not worth a line
+    for key, make in wanted.items():
+        if key in g:
+            checks.append(make())
+        elif key not in optional:
+            checks.append(skip(f"{label}/{'tokens' if key == 'idx_Bl' else key}", absent(name, key)))
+
+
+def _rng_checks(fx: Fixture, name: str, tag: str, adapter, checks: list[Check]) -> None:
+    from .engine import SamplingConfig, generate
+
+    g = fx.load(name)
+    if g is None:
+        return
+    label = f"{tag}/optional/{Path(name).stem}/tokens"
+    args = _labels_and_args(g, name, label, ("cfg", "label_B", "top_k", "top_p", "g_seed"), checks)
+    if args is None:
+        return
+    if "idx_Bl" not in g:
+        checks.append(skip(label, absent(name, "idx_Bl")))
+        return
+    labels = torch.as_tensor(args["label_B"])
+    sampling = SamplingConfig(cfg=float(args["cfg"]), top_k=int(args["top_k"]), top_p=float(args["top_p"]))
+    gen = torch.Generator().manual_seed(int(args["g_seed"]))
+    result = generate(adapter, labels, sampling=sampling, shared_generator=gen)
+    checks.append(_identical(label, result.tokens, g["idx_Bl"], optional=True))
 
 
 def _fhat_trajectory(vae, tokens):
@@ -146,41 +221,51 @@ def _fhat_trajectory(vae, tokens):
 
 
 def detect_family(folder: Path) -> str:
-    config = json.loads((folder / "config.json").read_text())
+    """``"var"`` or ``"infinity"`` from a fixture folder's config.json and weight files."""
+    folder = Path(folder)
+    config = read_config(folder)
     if "build_vae_var_kwargs" in config:
         return "var"
-    if (folder / "infinity.pth").exists():
+    if (folder / "infinity.pth").exists() or "infinity_ctor_kwargs" in config:
         return "infinity"
-    raise ValueError(f"{folder}/config.json is neither a VAR fixture (build_vae_var_kwargs) nor an Infinity one")
+    raise UserError(f"{folder}/config.json is neither a VAR fixture (build_vae_var_kwargs) nor an Infinity one "
+                    f"(infinity_ctor_kwargs / infinity.pth); verify supports the formats of "
+                    f"shared/fixtures/official_var_tiny and official_infinity_tiny")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m var_core.verify", description=__doc__.split("\n\n")[0])
-    parser.add_argument("fixture_dir", type=Path, help="folder in the format of shared/fixtures/official_var_tiny")
+    parser.add_argument("fixture_dir", type=Path, help="folder in the format of shared/fixtures/official_var_tiny "
+                                                       "or official_infinity_tiny")
+    parser.add_argument("--partial", action="store_true",
+                        help="accept a folder without SHA256SUMS: check only the files present (marked PARTIAL)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = args.fixture_dir
-    if not (folder / "config.json").exists():
-        print(f"verify: {folder} has no config.json; is it a fixture folder?", file=sys.stderr)
-        return 2
     family = detect_family(folder)
+    fx = Fixture(folder, partial=args.partial)
     if family == "var":
-        checks = verify_var_fixture(folder)
+        checks = verify_var_fixture(fx)
     else:
-        try:
-            from .verify_infinity import verify_infinity_fixture
-        except ImportError:
-            print("verify: Infinity fixtures are not supported yet in this build", file=sys.stderr)
-            return 2
-        checks = verify_infinity_fixture(folder)
+        from .verify_infinity import verify_infinity_fixture
+
+        checks = verify_infinity_fixture(fx)
     for check in checks:
         print(check.line())
-    failed = sum(c.passed is False for c in checks)
-    passed = sum(c.passed is True for c in checks)
-    print(f"verify: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    notice = fx.notice()
+    if notice:
+        print(notice)
+    print(summary_line(checks))
+    return 1 if any(c.passed is False for c in checks) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: user errors (no manifest, no fixture, unreadable config) print one line, exit 2."""
+    from studies._cli import run_cli
+
+    return run_cli(_run, argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ from studies import ablate  # noqa: E402
 from var_core.eval import records as rec  # noqa: E402
 
 SMALL = dict(model="official-tiny", samples=4, batch_size=2, warmup=0, progress=False, seed=1, threads=1)
+# NOVA's default inflection test (t_est=5, alpha=0.5) never fires on official-tiny's 7 scales, so its arms would
+# compute every token; testing against the early growth g_2 alone with alpha=1 fires from scale 3 on for 3 of the
+# 4 samples of this sample set (activation scales 3, 3, 7 = never, 3): the study arm really prunes.
+PRUNING = ("activation.t_est=2", "activation.alpha=1.0")
 
 
 # ----- --set -------------------------------------------------------------------------------------------------
@@ -63,7 +67,7 @@ def test_unknown_family_and_arm(capsys, tmp_path):
 def study_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("ablate") / "cache"
     result = run_study(StudyOptions(family="cache", out=str(out), arms=("restorer=identity",), wandb="disabled",
-                                    **SMALL), log=lambda s: None)
+                                    overrides=PRUNING, **SMALL), log=lambda s: None)
     assert result.computed == ["baseline", "restorer=identity"] and result.reused == []
     return out
 
@@ -88,6 +92,17 @@ def test_outputs_are_complete_and_self_describing(study_dir):
     for key in ("psnr", "ssim", "ms_ssim", "token_agreement", "speedup"):
         assert arm["summary"][key]["n"] in (2, 4) and arm["summary"][key]["mean"] is not None
     assert "flops_ratio" in arm["summary"] and "memory_ratio" in arm["summary"]
+    # the arm prunes: dense before the first activation scale, fewer tokens from there on
+    assert arm["metrics"]["activation_scale"] == [3, 3, 7, 3]
+    kept = arm["metrics"]["per_scale"]["kept_fraction"]
+    assert kept[:3] == [1.0, 1.0, 1.0] and all(k < 1.0 for k in kept[3:]), kept
+    base = next(r for r in records if r["role"] == "baseline")
+    assert base["metrics"]["per_scale"]["kept_fraction"] == [1.0] * 7
+    ratio = arm["timing"]["flops_per_image"] / base["timing"]["flops_per_image"]
+    assert ratio < 1.0 and arm["summary"]["flops_ratio"]["mean"] == pytest.approx(ratio, rel=1e-12)
+    # and so its images differ from the baseline's (3 of 4 samples pruned; the never-activated one is identical)
+    assert arm["metrics"]["per_sample"]["identical"] == [0.0, 0.0, 1.0, 0.0]
+    assert arm["summary"]["psnr"]["mean"] < 100.0
     assert "class_correct" in arm["metrics"]["unavailable"]  # official-tiny is not the testbed
     assert "breakdown_ms_per_image" in arm["timing"]
     table = (study_dir / "table.md").read_text()
@@ -110,7 +125,7 @@ def test_outputs_are_complete_and_self_describing(study_dir):
 
 def test_resume_computes_only_missing_arms(study_dir):
     before = {p.name: p.stat().st_mtime_ns for p in (study_dir / "arms").glob("*.json")}
-    result = run_study(StudyOptions(family="cache", out=str(study_dir), wandb="disabled",
+    result = run_study(StudyOptions(family="cache", out=str(study_dir), wandb="disabled", overrides=PRUNING,
                                     arms=("restorer=identity", "restorer=static_cache"), **SMALL), log=lambda s: None)
     assert result.reused == ["baseline", "restorer=identity"]
     assert result.computed == ["restorer=static_cache"]
@@ -119,7 +134,7 @@ def test_resume_computes_only_missing_arms(study_dir):
 
 
 def test_wandb_offline_run_files(study_dir, tmp_path):
-    result = run_study(StudyOptions(family="cache", out=str(study_dir), wandb="offline",
+    result = run_study(StudyOptions(family="cache", out=str(study_dir), wandb="offline", overrides=PRUNING,
                                     arms=("restorer=identity",), **SMALL), log=lambda s: None)
     assert result.computed == []  # everything reused; only the report and the W&B mirror are written
     run_dir = result.outputs["wandb"]

@@ -1,8 +1,10 @@
 """Kill a sweep worker with SIGKILL after >= 1 completed trial, re-run the same command: every completed trial is
-kept, the trial in flight is marked FAIL (its worker is gone) and re-queued, and the study reaches its target."""
+kept, the trial in flight is marked FAIL (its worker is gone) and re-queued, the study reaches its target, and no
+parameter set is evaluated twice (the resumed sampler is seeded differently; duplicates are pruned)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 
@@ -64,3 +66,22 @@ def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fixture_dir):
         retries = [t for t in trials.values() if t.user_attrs.get("retry_of") == number]
         assert len(retries) == 1 and retries[0].params == trials[number].params
     assert "marked FAIL" in done.stdout
+    # no parameter set evaluated twice: counted here from the storage's params and from the arm records
+    def key(params: dict) -> tuple:
+        return tuple(sorted((k, round(float(v), 12)) for k, v in params.items()))
+
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    sets = [key(t.params) for t in complete]
+    assert len(set(sets)) == len(sets), sets
+    for t in study.get_trials(states=(TrialState.PRUNED,)):  # a pruned proposal repeats an evaluated set
+        assert key(t.params) == key(trials[t.user_attrs["duplicate_of"]].params)
+    numbers = {t.number for t in complete}  # (a kill between writing a record and `tell` leaves an extra record)
+    records = [json.loads(p.read_text()) for p in sorted((out / "arms").glob("trial-*.json"))]
+    evaluated = [key(r["sweep"]["params"]) for r in records if r["sweep"]["trial"] in numbers]
+    assert len(evaluated) == len(complete) and len(set(evaluated)) == len(evaluated)
+    result = json.loads((out / "results.json").read_text())
+    front = [tuple(sorted((k, round(float(v), 12)) for k, v in row.items() if k.startswith("param:")))
+             for row in result["pareto_front"]]
+    assert front and len(set(front)) == len(front)
+    seeds = result["sampler_seeds"]  # the killed start and the resumed one, seeded differently
+    assert len(seeds) == 2 and seeds[0]["seed"] != seeds[1]["seed"]

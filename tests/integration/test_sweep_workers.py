@@ -3,6 +3,8 @@ distinct trials, both workers contribute, the target count is reached."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from optuna.trial import TrialState
 from sweep_cli import TINY, load, run_cli, sweep_cmd
@@ -27,4 +29,9 @@ def test_two_workers_on_one_sqlite_study(tmp_path, fixture_dir):
     workers = {t.user_attrs["worker"]["pid"] for t in study.get_trials() if "worker" in t.user_attrs}
     assert len(workers) == 2, workers  # both worker processes ran trials
     assert (out / "results.json").is_file() and (out / "pareto.png").is_file()
+    result = json.loads((out / "results.json").read_text())
+    seeds = {(v["worker"], v["seed"]) for v in result["sampler_seeds"]}
+    assert len(seeds) == 2 and len({seed for _, seed in seeds}) == 2  # one seed per worker, distinct
+    front = [tuple(sorted((k, v) for k, v in row.items() if k.startswith("param:"))) for row in result["pareto_front"]]
+    assert front and len(set(front)) == len(front)
     assert "optuna-dashboard sqlite:///" in proc.stdout

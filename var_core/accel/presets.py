@@ -11,7 +11,13 @@ from __future__ import annotations
 import difflib
 from typing import Callable
 
+from ..errors import UserError
 from .policy import PolicyConfig, component_config
+
+
+class UnknownPresetError(UserError, KeyError):
+    """An unknown preset name (a user error, exit 2 on the command line; still a KeyError for old callers)."""
+
 
 PRESETS: dict[str, Callable[..., PolicyConfig]] = {}
 
@@ -30,7 +36,7 @@ def get_preset(name: str, **overrides) -> PolicyConfig:
     if name not in PRESETS:
         close = difflib.get_close_matches(name, list(PRESETS), n=3, cutoff=0.4)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise KeyError(f"unknown preset {name!r}.{hint} Presets: {', '.join(sorted(PRESETS))}")
+        raise UnknownPresetError(f"unknown preset {name!r}.{hint} Presets: {', '.join(sorted(PRESETS))}")
     return PRESETS[name](**overrides)
 
 

@@ -54,11 +54,12 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from ..engine import GenerationOptions, Policy, SamplingConfig, generate
+from ..errors import UserError
 from ..engine.tracing import NULL_TRACER, CompositeTracer, Tracer
 
 __all__ = [
     "ConditionSet", "ConditionDataset", "GenerationDataModule", "GenerationModule", "GenerationRun",
-    "TracerProbe", "run_generation", "sample_seed", "TIMED_REGION",
+    "TracerProbe", "run_generation", "sample_seed", "TIMED_REGION", "ResultFileError", "load_shard", "RUN_FORMAT",
 ]
 
 TIMED_REGION = ("generate() per batch: transformer + policy hooks + sampling + VQ decode + attached tracer spans; "
@@ -309,6 +310,24 @@ class GenerationModule(pl.LightningModule):
         }
 
 
+def _plain(value):
+    """A copy made only of what ``torch.load(weights_only=True)`` reads back (dict / list / tuple, numbers,
+    strings, ``None``, tensors): numpy values become numbers or tensors, any other object its ``str``."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int)) else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value) if type(value) in (list, tuple) else [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
 def _jsonable(value):
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -349,7 +368,8 @@ class _ShardCollector(Callback):
     def on_predict_end(self, trainer, pl_module) -> None:
         path = Path(self.folder) / f"rank{trainer.global_rank}.pt"
         tmp = path.with_suffix(".tmp")
-        torch.save({"environment": self.environment, "outputs": self.outputs}, tmp)
+        # plain containers, numbers, strings and tensors only: the caller reads it back with weights_only=True
+        torch.save(_plain({"environment": self.environment, "outputs": self.outputs}), tmp)
         os.replace(tmp, path)
 
 
@@ -391,22 +411,138 @@ class GenerationRun:
     def __len__(self) -> int:
         return len(self.indices)
 
+    def tensors(self) -> dict:
+        """What :meth:`save` writes: plain containers, numbers and tensors (no pickled objects)."""
+        return {"format": RUN_FORMAT, "indices": [int(i) for i in self.indices], "labels": self.labels,
+                "seeds": [int(s) for s in self.seeds], "images_u8": self.images_u8, "tokens": self.tokens,
+                "entropy": torch.from_numpy(np.ascontiguousarray(self.entropy)),
+                "activation_scale": [None if a is None else int(a) for a in self.activation_scale]}
+
+    def content_hash(self) -> str:
+        """SHA-256 (hex, 16 digits) of the samples: indices, labels, seeds, images, tokens, entropy, activation.
+
+        Two runs have the same hash exactly when :meth:`save` would store the same numbers; records keep it to
+        tie a record to its tensor file and an arm to the baseline it was measured against."""
+        digest = hashlib.sha256()
+
+        def add(value) -> None:
+            if isinstance(value, torch.Tensor):
+                t = value.detach().cpu().contiguous()
+                digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+                digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            elif isinstance(value, (list, tuple)):
+                digest.update(f"L{len(value)}".encode())
+                for v in value:
+                    add(v)
+            else:
+                digest.update(f"V{value!r};".encode())
+
+        blob = self.tensors()
+        for key in ("indices", "labels", "seeds", "images_u8", "tokens", "entropy", "activation_scale"):
+            digest.update(key.encode())
+            add(blob[key])
+        return digest.hexdigest()[:16]
+
     def save(self, path: str | Path) -> Path:
-        """Tensors needed to compare later arms against this one (atomic write)."""
+        """Tensors needed to compare later arms against this one (atomic: temporary file, fsync, rename; an
+        interruption leaves the previous file, or none, and no temporary file)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save({"indices": self.indices, "labels": self.labels, "seeds": self.seeds,
-                    "images_u8": self.images_u8, "tokens": self.tokens, "entropy": torch.from_numpy(self.entropy),
-                    "activation_scale": self.activation_scale}, tmp)
-        os.replace(tmp, path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as handle:
+                torch.save(self.tensors(), handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     @staticmethod
     def load(path: str | Path) -> "GenerationRun":
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-        return GenerationRun(blob["indices"], blob["labels"], blob["seeds"], blob["images_u8"], blob["tokens"],
-                             blob["entropy"].numpy(), blob["activation_scale"], [], [])
+        """Read a file written by :meth:`save` with ``torch.load(weights_only=True)``: no pickled code runs.
+
+        Raises :class:`ResultFileError` (a ``UserError`` naming the file) when it cannot be read or does not hold
+        what :meth:`save` writes (damaged, truncated, from another program, or crafted)."""
+        path = Path(path)
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise ResultFileError(path, "the file does not exist") from None
+        except Exception as exc:  # noqa: BLE001 - UnpicklingError (objects other than tensors), zip errors, EOF
+            raise ResultFileError(path, f"torch.load(weights_only=True) refused it, so nothing in it was run "
+                                        f"({type(exc).__name__}: {_load_error_reason(exc)})") from None
+        try:
+            return GenerationRun._from_blob(blob)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ResultFileError(path, f"it does not hold a generation run ({type(exc).__name__}: {exc})") from None
+
+    @staticmethod
+    def _from_blob(blob) -> "GenerationRun":
+        if not isinstance(blob, dict):
+            raise TypeError(f"top level is {type(blob).__name__}, expected dict")
+        indices = [int(i) for i in blob["indices"]]
+        n = len(indices)
+        labels, entropy, images = blob["labels"], blob["entropy"], blob["images_u8"]
+        if not isinstance(labels, torch.Tensor) or labels.shape != (n,):
+            raise ValueError(f"labels must be a tensor of shape ({n},)")
+        if not isinstance(entropy, torch.Tensor) or entropy.dim() != 2 or entropy.shape[0] != n:
+            raise ValueError(f"entropy must be a tensor of shape ({n}, scales)")
+        if images is not None and (not isinstance(images, torch.Tensor) or images.dtype != torch.uint8
+                                   or images.dim() != 4 or images.shape[0] != n):
+            raise ValueError(f"images_u8 must be a uint8 tensor of shape ({n}, 3, H, W) or None")
+        tokens = blob["tokens"]
+        if not isinstance(tokens, list) or len(tokens) != n or not all(
+                isinstance(row, list) and all(t is None or isinstance(t, torch.Tensor) for t in row)
+                for row in tokens):
+            raise ValueError(f"tokens must be {n} lists of tensors / None")
+        seeds = [int(s) for s in blob["seeds"]]
+        activation = [None if a is None else int(a) for a in blob["activation_scale"]]
+        if len(seeds) != n or len(activation) != n:
+            raise ValueError(f"seeds and activation_scale must have {n} entries")
+        return GenerationRun(indices, labels, seeds, images, tokens, entropy.numpy(), activation, [], [])
+
+
+RUN_FORMAT = "varscope.run/1"
+
+
+def _load_error_reason(exc: BaseException) -> str:
+    """The informative part of a ``torch.load`` error, on one line (torch's advice to retry with
+    ``weights_only=False`` is exactly what must not be done with a results file, so it is left out)."""
+    lines = []
+    for line in str(exc).splitlines():
+        line = line.strip()
+        if not line or line.startswith(("Weights only load failed", "Check the documentation")):
+            continue
+        if "WeightsUnpickler error:" in line:
+            line = line.split("WeightsUnpickler error:", 1)[1].strip()
+            if not line:
+                continue
+        lines.append(line)
+    text = "; ".join(lines) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class ResultFileError(UserError):
+    """A tensor file of a results folder that cannot be read safely (its ``path`` and the ``reason``)."""
+
+    def __init__(self, path: str | Path, reason: str):
+        self.path = Path(path)
+        self.reason = reason
+        fix = ("re-run the study with the same --out to recompute it" if not self.path.exists() else
+               "move it away (a study re-run with the same --out does that itself) and re-run to recompute it")
+        super().__init__(f"cannot read {self.path}: {reason}; {fix}")
+
+
+def load_shard(path: str | Path) -> dict:
+    """One process's results shard (written by ``_ShardCollector``), read with ``weights_only=True``."""
+    shard = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(shard, dict) or not isinstance(shard.get("outputs"), list) \
+            or not isinstance(shard.get("environment"), dict):
+        raise RuntimeError(f"result shard {path} does not hold {{'environment', 'outputs'}}")
+    return shard
 
 
 def _merge(shards: list[dict]) -> GenerationRun:
@@ -483,8 +619,7 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
             _quiet_lightning()
             trainer.predict(module, datamodule=data, return_predictions=False)
         wall = time.perf_counter() - start
-        shards = [torch.load(p, map_location="cpu", weights_only=False)
-                  for p in sorted(Path(folder).glob("rank*.pt"))]
+        shards = [load_shard(p) for p in sorted(Path(folder).glob("rank*.pt"))]
         world = trainer.world_size
         if len(shards) != world:
             raise RuntimeError(f"expected {world} result shards from the processes, found {len(shards)} in {folder}")

@@ -8,7 +8,7 @@ warm-up count, what is inside the timed region, per-batch timings, per-sample me
 Resume: a run folder is re-usable. :func:`find_reusable` returns the finished record of an arm whose *key* —
 policy config hash, model, weights, dtype, sampling, sample-set hash — equals the one asked for, so re-running
 with the same ``--out`` computes only the missing arms. Records are written with ``tmp + os.replace``; an
-interrupted arm leaves no record (and at most a ``*.tmp`` file, ignored and overwritten later), and the arms
+interrupted arm leaves no record (its temporary file is removed on the way out), and the arms
 finished before it stay intact.
 """
 
@@ -34,7 +34,8 @@ from .lightning import TIMED_REGION, ConditionSet
 
 __all__ = [
     "SCHEMA", "REQUIRED_KEYS", "RunConfig", "arm_slug", "environment_info", "git_info", "package_versions",
-    "write_json_atomic", "read_record", "find_reusable", "validate_record", "to_jsonable", "record_paths",
+    "write_json_atomic", "read_record", "load_record", "RecordError", "find_reusable", "validate_record",
+    "to_jsonable", "record_paths",
 ]
 
 SCHEMA = "varscope.arm/1"
@@ -72,11 +73,15 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(to_jsonable(data), handle, indent=1, allow_nan=False)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(to_jsonable(data), handle, indent=1, allow_nan=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # Ctrl-C or a full disk mid-write: the previous file (or none) stays, no temporary
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -252,14 +257,45 @@ def validate_record(record: dict) -> None:
         raise ValueError("invalid record: " + "; ".join(problems))
 
 
+class RecordError(ValueError):
+    """A record file that exists but cannot be used: not JSON, or not a valid record (``path`` and ``reason``)."""
+
+    def __init__(self, path: str | Path, reason: str):
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"cannot read {self.path}: {reason}")
+
+
+def load_record(path: str | Path) -> dict | None:
+    """The record in ``path`` (finished or not), ``None`` when there is no such file; :class:`RecordError` when the
+    file is there but is not JSON (truncated, damaged) or not a valid record. JSON holds no code."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecordError(path, f"{type(exc).__name__}: {exc}") from None
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise RecordError(path, f"not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise RecordError(path, f"not a record (top level is {type(record).__name__})")
+    try:
+        validate_record(record)
+    except ValueError as exc:
+        raise RecordError(path, str(exc)) from None
+    return record
+
+
 def read_record(path: str | Path) -> dict | None:
     """A finished, valid record, or ``None`` (missing, unreadable, invalid or unfinished)."""
     try:
-        record = json.loads(Path(path).read_text())
-        validate_record(record)
-    except (OSError, ValueError):
+        record = load_record(path)
+    except RecordError:
         return None
-    return record if record.get("status") == "complete" else None
+    return record if record is not None and record.get("status") == "complete" else None
 
 
 def find_reusable(out_dir: str | Path, config: RunConfig, *, need_tensors: bool = False) -> dict | None:

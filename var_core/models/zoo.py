@@ -16,7 +16,10 @@ from pathlib import Path
 
 import torch
 
-from .loading import CheckpointError, infer_var_config, infer_vqvae_config, load_strict, read_state_dict
+from ..errors import UserError
+from .loading import (VAR_ENTRY_FIELDS, CheckpointError, check_infinity_entry, check_infinity_pair,
+                      check_infinity_schedule, check_var_entry, check_var_vqvae_pair, check_vqvae_entry,
+                      infer_var_config, infer_vqvae_config, load_strict, read_state_dict)
 from .var import VAR, VARConfig, official_var_config
 
 PATCH_NUMS_256 = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
@@ -74,11 +77,24 @@ def model_names() -> list[str]:
     return sorted(ZOO) + [f"random:{n}" for n in sorted(ZOO)]
 
 
-def _unknown(name: str) -> ValueError:
+class UnknownModelError(UserError, ValueError):
+    """An unknown ``--model`` name (a user error: exit 2 on the command line; still a ValueError for old callers)."""
+
+
+def _unknown(name: str) -> UnknownModelError:
+    prefix = "random:" if name.startswith("random:") else ""
     base = name.removeprefix("random:")
-    close = difflib.get_close_matches(base, list(ZOO), n=3, cutoff=0.5)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return ValueError(f"unknown model {name!r}.{hint} Known models: {', '.join(model_names())}")
+    close = [prefix + c for c in difflib.get_close_matches(base, list(ZOO), n=3, cutoff=0.5)]
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return UnknownModelError(f"unknown model {name!r}.{hint} Known models: {', '.join(sorted(ZOO))} "
+                             f"(and random:<name> of each for seeded random weights)")
+
+
+def check_model_name(name: str) -> str:
+    """``name`` if it is a zoo entry or ``random:<entry>``, else :class:`UnknownModelError` (with a did-you-mean)."""
+    if name.removeprefix("random:") not in ZOO:
+        raise _unknown(name)
+    return name
 
 
 def _vqvae(kwargs: dict):
@@ -117,12 +133,30 @@ def build_var_pair(var_cfg: VARConfig, vqvae_kwargs: dict, seed: int | None = 0)
 
 
 def load_var_files(var_path: Path, vae_path: Path, patch_nums=None, vqvae_overrides: dict | None = None,
-                   var_overrides: dict | None = None):
-    """Load an official-layout VAR + VQVAE pair from two files (config inferred and checked)."""
+                   var_overrides: dict | None = None, *, entry: str | None = None, expected: dict | None = None,
+                   expected_vqvae: dict | None = None, label: str | None = None, hint: str = ""):
+    """Load an official-layout VAR + VQVAE pair from two files (config inferred and checked).
+
+    Before any model is built, the VAR is checked against the VQVAE (vocabulary vs codebook entries, latent
+    channels, number of scales) and, when ``expected`` / ``expected_vqvae`` are given, against the zoo entry
+    ``entry`` (depth, width, vocabulary, AdaLN variant, patch_nums): a mismatch is a
+    :class:`~var_core.models.loading.CheckpointMismatchError` naming the file(s) and both shapes."""
+    var_path, vae_path = Path(var_path), Path(vae_path)
     var_sd = read_state_dict(var_path)
-    cfg = infer_var_config(var_sd, patch_nums=patch_nums, **(var_overrides or {}))
+    overrides = dict(var_overrides or {})
+    if expected is not None and "lvl_1L" in var_sd:
+        # read the file's own schedule first, so that a wrong file is reported as such (with the entry to use)
+        cfg = infer_var_config(var_sd, source=var_path, **overrides)
+    else:
+        cfg = infer_var_config(var_sd, patch_nums=patch_nums, source=var_path, **overrides)
     vae_sd = read_state_dict(vae_path)
-    vq_kwargs = infer_vqvae_config(vae_sd, cfg.patch_nums)
+    vq_kwargs = infer_vqvae_config(vae_sd, cfg.patch_nums, source=vae_path)
+    check_var_vqvae_pair(var_sd, vae_sd, var_path, vae_path, num_scales=cfg.num_scales)
+    if expected is not None:
+        check_var_entry(cfg, var_sd, var_path, entry or "?", expected, entries=_zoo_var_architectures(),
+                        hint=hint, label=label)
+    if expected_vqvae is not None:
+        check_vqvae_entry(vq_kwargs, vae_sd, vae_path, entry or "?", expected_vqvae, label=label)
     vq_kwargs.update(vqvae_overrides or {})
     var = VAR(cfg)
     load_strict(var, var_sd, "VAR", var_path)
@@ -131,17 +165,61 @@ def load_var_files(var_path: Path, vae_path: Path, patch_nums=None, vqvae_overri
     return var, vae
 
 
-def _load_fixture(weights: str | Path | None, saln: bool = False):
-    folder = Path(weights) if weights is not None else default_fixture_dir()
+def _zoo_var_architectures() -> dict[str, dict]:
+    """Zoo entry -> the architecture fields a checkpoint can be compared on."""
+    return {name: _entry_fields(spec) for name, spec in ZOO.items() if spec.var_config is not None}
+
+
+def _entry_fields(spec: ModelSpec) -> dict:
+    return {f: getattr(spec.var_config, f) for f in VAR_ENTRY_FIELDS}
+
+
+def _fixture_expectations(config: dict, saln: bool) -> tuple[dict, dict]:
+    """What config.json says ``var.pth`` (or ``var_saln.pth``) and ``vae.pth`` of a fixture folder hold."""
+    kwargs = dict(config["build_vae_var_kwargs"])
+    if saln:
+        kwargs = dict(config.get("build_vae_var_kwargs_saln", kwargs))
+        kwargs.setdefault("shared_aln", True)
+    names = {"V": "vocab_size", "Cvae": "z_channels", "num_classes": "num_classes", "depth": "depth",
+             "shared_aln": "shared_aln", "attn_l2_norm": "attn_l2_norm", "patch_nums": "patch_nums"}
+    var_expected = {ours: kwargs[theirs] for theirs, ours in names.items() if theirs in kwargs}
+    if "shared_aln" in var_expected:
+        var_expected["shared_aln"] = bool(var_expected["shared_aln"])
+    if saln:
+        var_expected["shared_aln"] = True
+    vq_names = {"V": "vocab_size", "Cvae": "z_channels", "ch": "ch", "share_quant_resi": "share_quant_resi"}
+    vq_expected = {ours: kwargs[theirs] for theirs, ours in vq_names.items() if theirs in kwargs}
+    return var_expected, vq_expected
+
+
+def load_fixture_files(folder: str | Path | None = None, saln: bool = False):
+    """``(var, vae)`` of an official VAR fixture folder (``var.pth`` or, with ``saln``, ``var_saln.pth``), each
+    checked against what the folder's config.json says it holds."""
+    folder = Path(folder) if folder is not None else default_fixture_dir()
     if not (folder / "config.json").exists():
         raise CheckpointError(
             f"official VAR fixture not found in {folder}: expected config.json, var.pth, vae.pth. Set "
             f"VARSCOPE_VAR_FIXTURE or pass --weights pointing at a folder in that format"
         )
-    config = json.loads((folder / "config.json").read_text())
-    kwargs = config["build_vae_var_kwargs"]
-    return load_var_files(folder / ("var_saln.pth" if saln else "var.pth"), folder / "vae.pth",
-                          patch_nums=kwargs["patch_nums"])
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        kwargs = config["build_vae_var_kwargs"]
+        patch_nums = kwargs["patch_nums"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{folder / 'config.json'} is not a VAR fixture config (it needs "
+                              f"build_vae_var_kwargs.patch_nums): {exc}") from exc
+    var_expected, vq_expected = _fixture_expectations(config, saln)
+    file = "var_saln.pth" if saln else "var.pth"
+    if saln:
+        label = "the fixture's var_saln.pth (the shared-AdaLN model)"
+        hint = ("In a fixture folder var_saln.pth holds the shared-AdaLN model (config.json build_vae_var_kwargs_saln) "
+                "and var.pth the per-block-AdaLN one (build_vae_var_kwargs).")
+    else:
+        label = "zoo entry 'official-tiny' (var.pth)"
+        hint = ("'official-tiny' loads var.pth, the per-block-AdaLN model (config.json build_vae_var_kwargs); "
+                "the fixture's shared-AdaLN model belongs in var_saln.pth.")
+    return load_var_files(folder / file, folder / "vae.pth", patch_nums=patch_nums, entry="official-tiny",
+                          expected=var_expected, expected_vqvae=vq_expected, label=label, hint=hint)
 
 
 def _load_testbed(weights: str | Path | None, seed: int | None, random_weights: bool):
@@ -157,10 +235,13 @@ def _load_testbed(weights: str | Path | None, seed: int | None, random_weights: 
     vq_kwargs = dict(meta["vqvae_config"])
     if random_weights:
         return build_var_pair(var_cfg, vq_kwargs, seed)
+    var_sd, vae_sd = read_state_dict(folder / "var.safetensors"), read_state_dict(folder / "vqvae.safetensors")
+    check_var_vqvae_pair(var_sd, vae_sd, folder / "var.safetensors", folder / "vqvae.safetensors",
+                         num_scales=var_cfg.num_scales)
     var = VAR(var_cfg)
-    load_strict(var, read_state_dict(folder / "var.safetensors"), "testbed VAR", folder / "var.safetensors")
+    load_strict(var, var_sd, "testbed VAR", folder / "var.safetensors")
     vae = _vqvae(vq_kwargs)
-    load_strict(vae, read_state_dict(folder / "vqvae.safetensors"), "testbed VQVAE", folder / "vqvae.safetensors")
+    load_strict(vae, vae_sd, "testbed VQVAE", folder / "vqvae.safetensors")
     return var, vae
 
 
@@ -187,15 +268,15 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     if base == "testbed":
         var, vae = _load_testbed(weights, seed, random_weights)
     elif base == "official-tiny":
-        var, vae = _load_fixture(weights)
+        var, vae = load_fixture_files(weights)
         if random_weights:
             var, vae = build_var_pair(var.cfg, vae.config, seed)
     elif random_weights:
         var, vae = build_var_pair(spec.var_config, spec.vqvae_kwargs, seed)
     else:
         var_path, vae_path = _resolve_files(spec, weights, vae_weights)
-        var, vae = load_var_files(var_path, vae_path, patch_nums=spec.var_config.patch_nums,
-                                  var_overrides=dict(shared_aln=spec.var_config.shared_aln))
+        var, vae = load_var_files(var_path, vae_path, patch_nums=spec.var_config.patch_nums, entry=spec.name,
+                                  expected=_entry_fields(spec), expected_vqvae=spec.vqvae_kwargs)
     var.to(device=device, dtype=dtype).eval().requires_grad_(False)
     vae.to(device=device).eval().requires_grad_(False)
     adapter = VARAdapter(var, vae)
@@ -294,8 +375,12 @@ def read_sharded_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return merged
 
 
-def load_infinity_files(infinity_path: Path, vae_path: Path, **config_overrides):
-    """Load an official-layout Infinity transformer and BSQ-VAE (architecture inferred, strict load)."""
+def load_infinity_files(infinity_path: Path, vae_path: Path, *, entry: str | None = None,
+                        expected: dict | None = None, expected_vae: dict | None = None, **config_overrides):
+    """Load an official-layout Infinity transformer and BSQ-VAE (architecture inferred, strict load).
+
+    Both files are read and checked before any model is built: bits per token vs the BSQ codebook (with the
+    2×2 patchify), and, with ``expected`` / ``expected_vae``, the zoo entry ``entry``'s architecture."""
     from .bsq_vae import BSQVAE, infer_bsq_vae_config, remap_vae_keys
     from .infinity import Infinity, infer_infinity_config, prepare_infinity_state_dict
 
@@ -304,16 +389,53 @@ def load_infinity_files(infinity_path: Path, vae_path: Path, **config_overrides)
         vae_cfg = infer_bsq_vae_config(vae_sd)
     except KeyError as exc:
         raise CheckpointError(f"{vae_path}: {exc}") from exc
-    vae = BSQVAE(vae_cfg)
-    load_strict(vae, remap_vae_keys(vae_sd, vae), "Infinity BSQ-VAE", vae_path)
     inf_sd = read_sharded_state_dict(infinity_path)
     try:
         cfg = infer_infinity_config(inf_sd, **config_overrides)
     except KeyError as exc:
         raise CheckpointError(f"{infinity_path}: {exc}") from exc
+    check_infinity_pair(cfg, inf_sd, vae_cfg, infinity_path, vae_path)
+    if expected is not None or expected_vae is not None:
+        others = {n: s.config for n, s in INFINITY_SPECS.items() if s.config is not None}
+        check_infinity_entry(cfg, vae_cfg, infinity_path, vae_path, entry or "?", expected, expected_vae, others)
+    vae = BSQVAE(vae_cfg)
+    load_strict(vae, remap_vae_keys(vae_sd, vae), "Infinity BSQ-VAE", vae_path)
     model = Infinity(cfg)
     load_strict(model, prepare_infinity_state_dict(inf_sd, model), "Infinity", infinity_path)
     return model, vae
+
+
+_INFINITY_SPEC_FIELDS = ("depth", "embed_dim", "num_heads", "text_channels", "d_vae")
+_BSQ_SPEC_FIELDS = ("codebook_dim", "patch_size")
+
+
+def load_infinity_fixture_files(folder: str | Path | None = None):
+    """``(infinity, vae, config)`` of an official Infinity fixture folder, checked against its config.json
+    (transformer sizes, BSQ codebook bits, patch schedule)."""
+    folder = Path(folder) if folder is not None else default_infinity_fixture_dir()
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(
+            f"official Infinity fixture not found in {folder}: expected config.json, infinity.pth, vae.pth. Set "
+            f"VARSCOPE_INFINITY_FIXTURE or pass --weights pointing at a folder in that format"
+        )
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{folder / 'config.json'} is not valid JSON: {exc}") from exc
+    kwargs = config.get("infinity_ctor_kwargs", {})
+    expected = {k: int(kwargs[k]) for k in ("depth", "embed_dim", "num_heads", "block_chunks", "text_channels")
+                if k in kwargs}
+    vae_call = config.get("vae_model_call", {})
+    expected_vae = {k: vae_call[k] for k in ("codebook_dim", "patch_size", "encoder_ch_mult", "decoder_ch_mult")
+                    if k in vae_call}
+    model, vae = load_infinity_files(folder / "infinity.pth", folder / "vae.pth", entry="official-infinity-tiny",
+                                     expected=expected, expected_vae=expected_vae,
+                                     apply_spatial_patchify=bool(kwargs.get("apply_spatial_patchify", 0)),
+                                     text_maxlen=int(kwargs.get("text_maxlen", 512)))
+    if "scale_schedule" in config:
+        check_infinity_schedule(model.cfg, config["scale_schedule"], folder / "infinity.pth",
+                                origin=f"{folder / 'config.json'}'s scale_schedule")
+    return model, vae, config
 
 
 def build_infinity_pair(cfg, vae_cfg, seed: int = 0):
@@ -380,17 +502,7 @@ def load_infinity_model(name: str, weights=None, vae_weights=None, device="cpu",
     zoo_spec = ZOO[base]
     default_num_scales = spec.num_scales
     if base == "official-infinity-tiny":
-        folder = Path(weights) if weights is not None else default_infinity_fixture_dir()
-        if not (folder / "config.json").is_file():
-            raise CheckpointError(
-                f"official Infinity fixture not found in {folder}: expected config.json, infinity.pth, vae.pth. Set "
-                f"VARSCOPE_INFINITY_FIXTURE or pass --weights pointing at a folder in that format"
-            )
-        config = json.loads((folder / "config.json").read_text())
-        kwargs = config.get("infinity_ctor_kwargs", {})
-        model, vae = load_infinity_files(folder / "infinity.pth", folder / "vae.pth",
-                                         apply_spatial_patchify=bool(kwargs.get("apply_spatial_patchify", 0)),
-                                         text_maxlen=int(kwargs.get("text_maxlen", 512)))
+        model, vae, config = load_infinity_fixture_files(weights)
         if random_weights:
             model, vae = build_infinity_pair(model.cfg, vae.cfg, seed)
         if schedule is None and pn is None and num_scales is None:
@@ -420,8 +532,11 @@ def load_infinity_model(name: str, weights=None, vae_weights=None, device="cpu",
         overrides = {}
         if spec.config is not None:
             overrides = dict(apply_spatial_patchify=spec.config.apply_spatial_patchify,
-                             text_maxlen=spec.config.text_maxlen)
-        model, vae = load_infinity_files(inf_path, vae_path, **overrides)
+                             text_maxlen=spec.config.text_maxlen,
+                             expected={f: getattr(spec.config, f) for f in _INFINITY_SPEC_FIELDS})
+        if spec.vae_config is not None:
+            overrides["expected_vae"] = {f: getattr(spec.vae_config, f) for f in _BSQ_SPEC_FIELDS}
+        model, vae = load_infinity_files(inf_path, vae_path, entry=base, **overrides)
     cfg = model.cfg
     if spec.needs_t5 and not random_weights:
         encoder = _t5_encoder(base, text_encoder, weights if not random_weights else None, device, dtype)

@@ -633,4 +633,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from studies._cli import run_cli  # user errors in one line (exit 2), Ctrl-C exit 130
+
+    sys.exit(run_cli(main))

@@ -1,0 +1,236 @@
+"""Argument types and up-front checks shared by the ``python -m studies.X`` entry points.
+
+Everything here fails before anything is loaded or generated, in one line (see :mod:`studies._cli`):
+
+* :class:`ArgumentParser` — argparse whose errors are :class:`~var_core.errors.UserError` (``error: argument
+  --samples: must be >= 2, got -1``) instead of a usage block;
+* ``type=`` functions — :func:`positive_int`, :func:`non_negative_int`, :func:`at_least`, :func:`positive_float`,
+  :func:`threads_setting`, :func:`preset_name`, :func:`model_name`, :func:`existing_path`, :func:`results_folder`,
+  :func:`output_file`, :func:`accelerator`, :func:`torch_device`;
+* :func:`check_args` — the same types applied after parsing to options declared elsewhere
+  (:func:`check_evaluation_args` for the shared evaluation options);
+* :func:`check_devices` — ``--devices`` against the GPUs this machine has;
+* :func:`lightning_interrupts` — Lightning turns Ctrl-C into ``sys.exit(1)``; this turns it back into
+  ``KeyboardInterrupt`` so that the entry point reports what was kept and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from var_core.errors import UserError, did_you_mean
+
+ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are user errors: one ``error: ...`` line and exit 2 under ``run_cli``."""
+
+    def error(self, message: str):  # argparse: "print usage, exit 2"
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+# ----- numbers ------------------------------------------------------------------------------------------------
+def _whole(text) -> int:
+    if isinstance(text, bool):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    if isinstance(text, int):
+        return text
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    """A ``type=`` for whole numbers ``>= minimum`` (``why`` is added to the message, e.g. "(CIs need spread)")."""
+
+    def parse(text) -> int:
+        value = _whole(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{' ' + why if why else ''}, got {value}")
+        return value
+
+    parse.__name__ = f"int>={minimum}"
+    return parse
+
+
+positive_int = at_least(1)
+non_negative_int = at_least(0)
+
+
+def positive_float(text) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def threads_setting(text) -> int | str:
+    """``--threads`` of the ablation runner: a number >= 1, ``auto`` or ``torch``."""
+    if text in ("auto", "torch"):
+        return text
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 1, 'auto' or 'torch', got {text!r}"
+                                         + did_you_mean(str(text), ("auto", "torch"))) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, 'auto' or 'torch', got {value}")
+    return value
+
+
+# ----- names --------------------------------------------------------------------------------------------------
+def preset_name(text: str) -> str:
+    """A method preset (``nova``, ``fastvar``, …), with a did-you-mean."""
+    from var_core.accel.presets import get_preset
+
+    try:
+        get_preset(text)
+    except KeyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def model_name(text: str) -> str:
+    """A zoo model (``testbed``, ``var-d16``, ``random:var-d16``, …), with a did-you-mean."""
+    from var_core.models.zoo import check_model_name
+
+    try:
+        return check_model_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# ----- paths --------------------------------------------------------------------------------------------------
+def _file_on_the_way(path: Path) -> Path | None:
+    """The existing non-folder that ``path`` or one of its parents is (it cannot become a folder), else None."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
+def existing_path(text: str) -> str:
+    """A file or folder that exists (weights, classifier, ...)."""
+    path = Path(text).expanduser()
+    if not path.exists():
+        hint = ""
+        parent = path.parent
+        if parent.is_dir():
+            hint = did_you_mean(path.name, [p.name for p in parent.iterdir()])
+        raise argparse.ArgumentTypeError(f"{text} does not exist.{hint}")
+    return text
+
+
+def results_folder(text: str) -> str:
+    """A results folder: new, or an existing folder to resume; an existing *file* is refused."""
+    path = Path(text).expanduser()
+    blocker = _file_on_the_way(path)
+    if blocker is not None:
+        what = "is a file" if blocker == path else f"is inside {blocker}, which is a file"
+        raise argparse.ArgumentTypeError(f"{text} {what}, not a folder: give a new folder, or the results folder "
+                                         f"of an earlier run to resume it")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write (an image): refused when it is an existing folder or lies under a file."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name, e.g. {path / 'grid.png'}")
+    blocker = _file_on_the_way(path.parent)
+    if blocker is not None:
+        raise argparse.ArgumentTypeError(f"{text} is inside {blocker}, which is a file, not a folder")
+    return text
+
+
+# ----- devices ------------------------------------------------------------------------------------------------
+def _no_cuda(option: str, value: str, instead: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"{value}: this machine has no CUDA GPU (torch.cuda.is_available() is False); "
+                                      f"use {option} {instead}")
+
+
+def accelerator(text: str) -> str:
+    """Lightning accelerator of the ablation runner: cpu, gpu (= cuda) or auto; a GPU must be present."""
+    import torch
+
+    name = str(text).strip().lower()
+    if name not in ACCELERATORS:
+        raise argparse.ArgumentTypeError(f"unknown accelerator {text!r}.{did_you_mean(name, ACCELERATORS)} "
+                                         f"Choose from {', '.join(ACCELERATORS)}")
+    if name in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise _no_cuda("--accelerator", text, "cpu")
+    return name
+
+
+def torch_device(text: str) -> str:
+    """A torch device string (``cpu``, ``cuda``, ``cuda:1``) that exists on this machine."""
+    import torch
+
+    try:
+        device = torch.device(str(text).strip())
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}.{did_you_mean(str(text), ('cpu', 'cuda'))} "
+                                         f"Use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise _no_cuda("--device", text, "cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {count} CUDA device(s) (cuda:0 … "
+                                             f"cuda:{count - 1})")
+    elif device.type != "cpu":
+        raise argparse.ArgumentTypeError(f"device {text!r} is not supported here: use cpu or cuda")
+    return str(text).strip()
+
+
+def check_devices(accelerator_name: str, devices: int) -> None:
+    """``--devices N`` with ``--accelerator gpu``: this machine must have N GPUs."""
+    import torch
+
+    if accelerator_name in ("gpu", "cuda"):
+        count = torch.cuda.device_count()
+        if devices > count:
+            raise UserError(f"--devices {devices}: this machine has {count} CUDA GPU(s); use --devices {count} or "
+                            f"fewer, or --accelerator cpu (DDP processes on the CPU)")
+
+
+# ----- after parsing ------------------------------------------------------------------------------------------
+def check_args(args: argparse.Namespace, **types: Callable) -> None:
+    """Apply ``type=`` functions to options another module declared (``samples=at_least(2)``): the value is
+    replaced by the checked one; ``None`` (not given, no default) is left alone. Errors read like argparse's."""
+    for dest, fn in types.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        try:
+            setattr(args, dest, fn(value))
+        except argparse.ArgumentTypeError as exc:
+            raise UserError(f"argument --{dest.replace('_', '-')}: {exc}") from None
+
+
+def check_evaluation_args(args: argparse.Namespace) -> None:
+    """The options of :func:`studies._evaluation_cli.add_evaluation_arguments` (``studies.sweep``,
+    ``studies.sensitivity``), checked before anything is loaded."""
+    check_args(args, model=model_name, weights=existing_path, classifier=existing_path,
+               samples=at_least(2, "(confidence intervals need spread)"), batch_size=positive_int,
+               warmup=non_negative_int, timing_repeats=positive_int, threads=positive_int)
+
+
+@contextmanager
+def lightning_interrupts() -> Iterator[None]:
+    """Lightning catches Ctrl-C inside ``Trainer`` calls, shuts down and calls ``sys.exit(1)``; re-raise that as
+    the ``KeyboardInterrupt`` it was, so ``run_cli`` reports the kept results and exits 130."""
+    try:
+        yield
+    except SystemExit as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from exc
+        raise
