@@ -382,17 +382,17 @@ def write_plots(out_dir: Path, records: list[dict]) -> dict[str, Path]:
     palette = dict(zip([r["arm"] for r in records], sns.color_palette("tab10", max(3, len(records)))))
 
     # 1. speed vs quality with CI bars
-    quality = [k for k in ("psnr", "fid_proxy", "class_correct") if any(_get(r["summary"], k) for r in arms)]
+    quality = [k for k in ("psnr_mean_mse", "fid_proxy", "class_correct") if any(_get(r["summary"], k) for r in arms)]
     if arms and quality:
         fig, axes = plt.subplots(1, len(quality), figsize=(4.6 * len(quality), 3.8), squeeze=False)
-        labels = {"psnr": "PSNR vs baseline (dB)", "fid_proxy": "FID-proxy vs baseline (lower is better)",
-                  "class_correct": "class accuracy"}
+        labels = {"psnr_mean_mse": "PSNR of the mean MSE vs baseline (dB)",
+                  "fid_proxy": "FID-proxy vs baseline (lower is better)", "class_correct": "class accuracy"}
         for ax, key in zip(axes[0], quality):
             for r in records:
                 speed_key = "speedup_interleaved" if _get(r["summary"], "speedup_interleaved") else "speedup"
                 x, xl, xh = _err(_get(r["summary"], speed_key)) if r["role"] != "baseline" else (1.0, 0, 0)
                 y, yl, yh = _err(_get(r["summary"], key))
-                if r["role"] == "baseline" and key in ("psnr", "fid_proxy"):
+                if r["role"] == "baseline" and key in ("psnr_mean_mse", "fid_proxy"):
                     continue
                 if not (math.isfinite(x) and math.isfinite(y)):
                     continue
@@ -554,7 +554,8 @@ def log_wandb(out_dir: Path, mode: str, records: list[dict], frame, plots: dict[
             payload[f"grids/{name}"] = wandb.Image(str(path), caption=name)
         run.log(payload)
         for r in records:
-            for key in ("ms_per_image", "speedup", "psnr", "ssim", "class_correct", "fid_proxy"):
+            for key in ("ms_per_image", "speedup", "psnr_mean_mse", "psnr_differing", "identical", "ssim",
+                        "class_correct", "fid_proxy"):
                 summ = _get(r["summary"], key)
                 if summ and summ.get("mean") is not None:
                     run.summary[f"{r['arm']}/{key}"] = summ["mean"]
@@ -586,7 +587,7 @@ def write_report(out_dir: Path, records: list[dict], unavailable: list, *, plan=
     plot_paths: dict[str, Path] = {}
     if plots and records:
         try:
-            plot_paths = write_plots(out_dir, _with_interleaved(records, interleaved))
+            plot_paths = write_plots(out_dir, _with_psnr_summaries(_with_interleaved(records, interleaved)))
         except Exception as exc:  # noqa: BLE001 - a plot must never lose the records
             log(f"plots failed: {type(exc).__name__}: {exc}")
     outputs["plots"] = {k: str(v) for k, v in plot_paths.items()}

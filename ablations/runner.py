@@ -766,7 +766,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
         s = record["summary"]
         log(f"    {s['ms_per_image']['mean']:.1f} ms/image"
             + (f", speedup {s['speedup']['mean']:.2f}x" if "speedup" in s else "")
-            + (f", PSNR {s['psnr']['mean']:.2f} dB" if "psnr" in s else "")
+            + (f", PSNR {s['psnr_mean_mse']['mean']:.2f} dB (of the mean MSE)" if "psnr_mean_mse" in s else "")
             + (f", class acc {s['class_correct']['mean']:.3f}" if "class_correct" in s else "")
             + f"  ({record['timing']['arm_wall_seconds']:.1f} s)")
 
