@@ -25,7 +25,7 @@ import torch
 from .errors import UserError
 from .models.loading import CheckpointError
 from .verify_common import (Check, Fixture, FixtureFileError, _close, _identical, _max_dev, absent, fail,  # noqa: F401
-                            one_line, read_config, require_keys, skip, summary_line)
+                            guard, one_line, read_config, require_keys, skip, summary_line)
 
 TOL_LOGITS = 1e-4
 TOL_IMAGE = 2e-4
@@ -73,28 +73,20 @@ def _var_model_checks(fx: Fixture) -> list[Check]:
     for tag, prefix, var, vae in loaded:
         tf_name = f"{prefix}_teacher_forcing.pt"
         if fx.has(tf_name):
-            _guard(checks, f"{tag}/teacher_forcing",
+            guard(checks, f"{tag}/teacher_forcing",
                    lambda: _teacher_forcing_checks(fx, tf_name, tag, var, vae, vq_golden, checks))
         from .engine.adapters.var_adapter import VARAdapter
 
         adapter = VARAdapter(var, vae)
         for name in fx.goldens(f"{prefix}_ar_greedy_cfg*.pt"):
-            _guard(checks, f"{tag}/{name}", lambda: _greedy_checks(fx, name, tag, adapter, vae, checks))
+            guard(checks, f"{tag}/{name}", lambda: _greedy_checks(fx, name, tag, adapter, vae, checks))
         for name in fx.goldens(f"{prefix}_ar_sampled_rng_*.pt"):
-            _guard(checks, f"{tag}/{name}", lambda: _rng_checks(fx, name, tag, adapter, checks))
+            guard(checks, f"{tag}/{name}", lambda: _rng_checks(fx, name, tag, adapter, checks))
         for name in fx.goldens(f"{prefix}_ar_smooth_*.pt"):
             fx.consume(name)
             checks.append(skip(f"{tag}/optional/{Path(name).stem}",
                                "gumbel 'more_smooth' is a visualisation mode we do not implement"))
     return checks
-
-
-def _guard(checks: list[Check], tag: str, body) -> None:
-    """Run one golden's checks; an unreadable file becomes one FAIL line naming it."""
-    try:
-        body()
-    except FixtureFileError as exc:
-        checks.append(fail(tag, one_line(exc)))
 
 
 def _vqvae_checks(fx: Fixture, vae, checks: list[Check]):

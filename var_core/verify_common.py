@@ -86,6 +86,14 @@ def one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def guard(checks: list[Check], tag: str, body) -> None:
+    """Run one golden's checks; an unreadable file becomes one FAIL line naming it."""
+    try:
+        body()
+    except FixtureFileError as exc:
+        checks.append(fail(tag, one_line(exc)))
+
+
 def summary_line(checks: list[Check]) -> str:
     """``verify: N passed, M failed`` (``, K skipped`` when some checks were skipped or only reported)."""
     passed = sum(c.passed is True for c in checks)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .engine.context import ScalePlan
 from .engine.policy import Policy
 from .models.loading import CheckpointError
-from .verify_common import (Check, Fixture, FixtureFileError, _close, _identical, absent, fail, one_line,
+from .verify_common import (Check, Fixture, FixtureFileError, _close, guard, _identical, absent, fail, one_line,
                             require_keys, skip)
 
 TOL_HIDDEN = 1e-4
@@ -83,13 +83,6 @@ def verify_infinity_fixture(folder: Path | Fixture, partial: bool = False) -> li
     return checks
 
 
-def _guard(checks: list[Check], tag: str, body) -> None:
-    try:
-        body()
-    except FixtureFileError as exc:
-        checks.append(fail(tag, one_line(exc)))
-
-
 def _infinity_model_checks(fx: Fixture) -> list[Check]:
     checks: list[Check] = []
     try:
@@ -104,11 +97,11 @@ def _infinity_model_checks(fx: Fixture) -> list[Check]:
         return [fail("inputs", "inputs.pt (the image and the text conditions) is missing")]
     state: dict = {}
     if fx.has("golden_vae.pt"):
-        _guard(checks, "vae", lambda: _vae_checks(fx, vae, inputs, state, checks))
+        guard(checks, "vae", lambda: _vae_checks(fx, vae, inputs, state, checks))
     if fx.has("golden_teacher_forcing.pt"):
-        _guard(checks, "teacher_forcing", lambda: _teacher_forcing_checks(fx, model, vae, inputs, state, checks))
+        guard(checks, "teacher_forcing", lambda: _teacher_forcing_checks(fx, model, vae, inputs, state, checks))
     for name in fx.goldens("golden_ar_*.pt"):
-        _guard(checks, Path(name).stem.removeprefix("golden_"), lambda: _ar_checks(fx, name, model, vae, checks))
+        guard(checks, Path(name).stem.removeprefix("golden_"), lambda: _ar_checks(fx, name, model, vae, checks))
     return checks
 
 
