@@ -7,10 +7,14 @@ built here — a component not registered (yet), an option that does not exist �
 
 Add a family with::
 
-    @family("name", "one-line description (paper table)")
+    @family("name", "one-line description", table="Paper Table N")
     def name(ctx: FamilyContext) -> list[Arm]:
         base = ctx.preset("nova")
         return [baseline_arm(), swap(base, "scorer", "entropy"), ...]
+
+A family may also register an ``analysis`` (``@family(..., analysis=fn)``): a measurement beyond the arms' table
+(LD-Pruning's criterion IoU, NOVA's per-layer entropy maps, the γ_k curve) that the study runs after the arms on
+a few of its samples, writing under ``<out>/analysis`` for the report's plots.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import difflib
 import importlib
 import pkgutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from var_core.accel.knobs import SearchSpace
@@ -27,8 +32,9 @@ from var_core.accel.policy import COMPONENT_KINDS, PolicyConfig, component_confi
 from var_core.accel.presets import PRESETS, get_preset
 from var_core.accel.registry import REGISTRIES
 
-__all__ = ["Arm", "FamilyContext", "FAMILIES", "family", "get_family", "build_arms", "baseline_arm", "swap",
-           "swap_option", "preset_arm", "component_choices", "knob_alternatives", "registered"]
+__all__ = ["Arm", "FamilyContext", "FAMILIES", "FamilyInfo", "AnalysisContext", "family", "family_info", "get_family",
+           "build_arms", "baseline_arm", "swap", "swap_option", "preset_arm", "component_choices", "knob_alternatives",
+           "registered", "run_analysis", "compose"]
 
 
 @dataclass(frozen=True)
@@ -61,15 +67,54 @@ class FamilyContext:
         return get_preset(name)
 
 
+@dataclass
+class AnalysisContext:
+    """What a family's analysis receives after its arms ran: the loaded model, the study's sample set and sampling,
+    the results folder (the analysis writes under ``out_dir / "analysis"``), its arms and the threads setting."""
+
+    adapter: Any
+    conditions: Any  # var_core.eval.lightning.ConditionSet
+    sampling: Any
+    out_dir: Path
+    arms: list[Arm] = dataclasses.field(default_factory=list)
+    threads: int | None = None
+    max_samples: int = 16  # an analysis generates at most this many of the study's samples (cost bound)
+    log: Callable[[str], None] = print
+
+    @property
+    def analysis_dir(self) -> Path:
+        path = Path(self.out_dir) / "analysis"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    """A family's registration: its recipe, one-line description, the paper table it reproduces and an optional
+    analysis (a measurement beyond the arms' table, e.g. LD-Pruning's criterion IoU; run by the study after the
+    arms, its files go to ``<out>/analysis`` and the report plots them)."""
+
+    name: str
+    recipe: Callable[[FamilyContext], list[Arm]]
+    doc: str
+    table: str = ""
+    analysis: Callable[[AnalysisContext], dict] | None = None
+
+
 FAMILIES: dict[str, tuple[Callable[[FamilyContext], list[Arm]], str]] = {}
-FAMILY_MODULES = ("scorer", "activation", "linkage", "cache", "guidance", "extractor", "method", "options")
+FAMILY_INFO: dict[str, FamilyInfo] = {}
+FAMILY_MODULES = ("scorer", "activation", "linkage", "cache", "guidance", "extractor", "method", "options", "depth",
+                  "criterion")
+NOT_FAMILIES = ("base", "runner", "overrides", "probes", "validate", "report", "calibrate")
 
 
-def family(name: str, doc: str):
+def family(name: str, doc: str, *, table: str = "", analysis: Callable[[AnalysisContext], dict] | None = None):
+    """Register a recipe as the family ``name``; ``table`` names the paper table it reproduces ("" = none)."""
     def decorator(fn: Callable[[FamilyContext], list[Arm]]):
         if name in FAMILIES and FAMILIES[name][0] is not fn:
             raise ValueError(f"ablation family {name!r} already defined")
         FAMILIES[name] = (fn, doc)
+        FAMILY_INFO[name] = FamilyInfo(name, fn, doc, table, analysis)
         return fn
 
     return decorator
@@ -81,8 +126,7 @@ def _load_all() -> None:
     for module in FAMILY_MODULES:
         importlib.import_module(f"ablations.{module}")
     for info in pkgutil.iter_modules(ablations.__path__):  # families added in new files register too
-        if info.name not in FAMILY_MODULES and not info.name.startswith("_") and info.name not in (
-                "base", "runner", "overrides", "probes", "validate", "report"):
+        if info.name not in FAMILY_MODULES and not info.name.startswith("_") and info.name not in NOT_FAMILIES:
             importlib.import_module(f"ablations.{info.name}")
 
 
@@ -98,6 +142,33 @@ def get_family(name: str) -> tuple[Callable[[FamilyContext], list[Arm]], str]:
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise KeyError(f"unknown ablation family {name!r}.{hint} Families: {', '.join(FAMILIES)}")
     return FAMILIES[name]
+
+
+def family_info(name: str) -> FamilyInfo:
+    """The registration of family ``name`` (recipe, description, paper table, analysis)."""
+    get_family(name)
+    return FAMILY_INFO[name]
+
+
+def run_analysis(name: str, ctx: AnalysisContext) -> dict:
+    """Run family ``name``'s analysis (if it has one) and return what it wrote ({} when it has none). An analysis
+    that fails is logged and reported as ``{"error": ...}``: it must never lose the arms' records."""
+    info = family_info(name)
+    if info.analysis is None:
+        return {}
+    import torch
+
+    previous = torch.get_num_threads()
+    if ctx.threads is not None:
+        torch.set_num_threads(ctx.threads)
+    try:
+        ctx.log(f"analysis of {name!r}: {(info.analysis.__doc__ or '').strip().splitlines()[0]}")
+        return info.analysis(ctx) or {}
+    except Exception as exc:  # noqa: BLE001 - reported, the arms stand without it
+        ctx.log(f"analysis of {name!r} failed: {type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        torch.set_num_threads(previous)
 
 
 def build_arms(name: str, ctx: FamilyContext | None = None) -> list[Arm]:
@@ -214,6 +285,49 @@ def swap_option(base: PolicyConfig | str, kind: str, option: str, value: Any, *,
         return _failed(label, exc, description)
     base_label = base if isinstance(base, str) else config.name
     return Arm(label, new, description or f"{base_label} with {changes}", role=role, changes=changes)
+
+
+Edit = tuple  # (kind, component name or None, {option: value})
+
+
+def compose(base: PolicyConfig | str, arm_name: str, *edits: Edit, role: str = "arm", description: str = "") -> Arm:
+    """``base`` with several edits applied in order, as one arm (for arms that change more than one thing, e.g. a
+    scorer at another pruning level). Each edit is ``(kind, component, params)``: a registered ``component`` name
+    replaces the ``kind`` component (built with ``params``); ``None`` sets ``params`` as options of the current
+    ``kind`` component; ``kind="policy"`` sets policy-level fields (``component`` None). An edit that cannot be
+    applied (unregistered component, unknown option, value out of range) makes the arm unavailable, with why."""
+    config, exc = _base_or_error(base)
+    if config is None:
+        return _failed(arm_name, exc, description)
+    base_label = base if isinstance(base, str) else config.name
+    steps: list[str] = []
+    try:
+        for kind, component, params in edits:
+            params = dict(params or {})
+            if kind == "policy":
+                olds = {k: getattr(config, k) for k in params}
+                config = dataclasses.replace(config, **params)
+                steps += [f"{k}: {_fmt(olds[k])} -> {_fmt(v)}" for k, v in params.items()]
+            elif component is not None:
+                old = getattr(config, kind).component_name
+                config = config.replace_component(kind, component, **params)
+                steps.append(f"{kind}: {old} -> {component}" + (
+                    f" ({', '.join(f'{k}={_fmt(v)}' for k, v in params.items())})" if params else ""))
+            else:
+                part = getattr(config, kind)
+                known = {f.name for f in dataclasses.fields(part)}
+                unknown = sorted(set(params) - known)
+                if unknown:
+                    raise ValueError(f"{kind} {part.component_name!r} has no option(s) {unknown}; its options are "
+                                     f"{sorted(known - {'component_name'})}")
+                olds = {k: getattr(part, k) for k in params}
+                config = dataclasses.replace(config, **{kind: dataclasses.replace(part, **params)})
+                steps += [f"{kind}.{k}: {_fmt(olds[k])} -> {_fmt(v)}" for k, v in params.items()]
+    except Exception as exc:  # noqa: BLE001 - reported per arm
+        return _failed(arm_name, exc, description, "; ".join(steps))
+    changes = "; ".join(steps) if steps else f"none: {base_label} itself"
+    config = dataclasses.replace(config, name=f"{base_label}/{arm_name}" if steps else config.name)
+    return Arm(arm_name, config, description or f"{base_label} with {changes}", role=role, changes=changes)
 
 
 def _fmt(value: Any) -> str:

@@ -11,7 +11,8 @@ from .base import Arm, FamilyContext, baseline_arm, component_choices, family, s
 FALLBACK = ("haar", "fft", "laplacian", "sobel")
 
 
-@family("extractor", "haar vs fft vs laplacian vs sobel inside LD-Pruning's LHEP scorer")
+@family("extractor", "haar vs fft vs laplacian vs sobel inside LD-Pruning's LHEP scorer",
+        table="LD-Pruning Fig. 6 (right)")
 def extractor_family(ctx: FamilyContext) -> list[Arm]:
     try:
         choices = component_choices("scorer", "lhep", "extractor") or FALLBACK

@@ -5,6 +5,10 @@ on GPU) and, after the batch, reduces them to JSON: the latency breakdown per co
 the loop actually computed (``profilers.flops.count_flops``; logit-lens heads included where the timer saw them),
 and peak memory (measured on CUDA, the analytic estimate of ``profilers.memory`` elsewhere). When ``profilers`` is
 not importable the probe degrades to wall-clock only and says so in every batch.
+
+The device is the one each generating process runs on: ``GenerationModule`` calls :meth:`ProfilerProbe.bind` with
+it before the first batch, so a DDP rank on ``cuda:1`` times with CUDA events on ``cuda:1`` and a CPU process with
+the CPU clock, whatever ``device`` the probe was built with (that is only the default before binding).
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ class ProfilerProbe:
         except Exception as exc:  # noqa: BLE001 - measured per batch by wall-clock only
             self.available = False
             self.reason = f"profilers not importable ({type(exc).__name__}: {exc}); wall-clock only"
+
+    def bind(self, device: str | torch.device) -> None:
+        """Measure on ``device`` (the generating process's own; called by ``GenerationModule``)."""
+        self.device = str(device)
 
     def tracer(self):
         if not self.available:

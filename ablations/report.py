@@ -20,7 +20,8 @@ from var_core.eval.lightning import TIMED_REGION
 from var_core.eval.stats import format_summary, holm_adjust
 
 __all__ = ["table_frame", "write_table", "write_plots", "write_overview_grid", "log_wandb", "write_report",
-           "load_records", "read_folder", "FolderContents"]
+           "load_records", "read_folder", "FolderContents", "plot_quality_vs_flops", "plot_layer_entropy", "plot_gamma",
+           "plot_criterion_iou", "plot_rho_calibration", "write_analysis_plots"]
 
 # (column stem, summary key, label, digits, scale)
 METRICS = (
@@ -44,11 +45,35 @@ METRICS = (
     ("is_proxy", "is_proxy", "IS-proxy", 2, 1.0),
     ("fid_real", "fid_real", "FID-real", 2, 1.0),
     ("fid_inception", "fid_inception", "FID (Inception)", 2, 1.0),
+    ("kid_inception", "kid_inception", "KID (Inception)", 4, 1.0),
+    ("is_inception", "is_inception", "IS (Inception)", 2, 1.0),
+    ("lpips_alex", "lpips_alex", "LPIPS (alex)", 4, 1.0),
+    ("lpips_vgg", "lpips_vgg", "LPIPS (vgg)", 4, 1.0),
     ("clip_score", "clip_score", "CLIP", 2, 1.0),
+    ("image_reward", "image_reward", "ImageReward", 3, 1.0),
+    ("hpsv2", "hpsv2", "HPSv2.1", 2, 1.0),
+    # imported from the benchmarks' own result files (ablations.imports; python -m studies.report --import)
+    ("geneval_single_object", "geneval_single_object", "GenEval Single Obj.", 3, 1.0),
+    ("geneval_two_object", "geneval_two_object", "GenEval Two Obj.", 3, 1.0),
+    ("geneval_counting", "geneval_counting", "GenEval Counting", 3, 1.0),
+    ("geneval_colors", "geneval_colors", "GenEval Colors", 3, 1.0),
+    ("geneval_position", "geneval_position", "GenEval Position", 3, 1.0),
+    ("geneval_color_attr", "geneval_color_attr", "GenEval Color Attri.", 3, 1.0),
+    ("geneval_overall", "geneval_overall", "GenEval Overall", 3, 1.0),
+    ("dpg_global", "dpg_global", "DPG Global", 2, 1.0),
+    ("dpg_entity", "dpg_entity", "DPG Entity", 2, 1.0),
+    ("dpg_attribute", "dpg_attribute", "DPG Attribute", 2, 1.0),
+    ("dpg_relation", "dpg_relation", "DPG Relation", 2, 1.0),
+    ("dpg_other", "dpg_other", "DPG Other", 2, 1.0),
+    ("dpg_overall", "dpg_overall", "DPG Overall", 2, 1.0),
 )
+PROMPT_AND_IMPORTED = ("clip_score", "image_reward", "hpsv2") + tuple(m[0] for m in METRICS
+                                                                     if m[0].startswith(("geneval_", "dpg_")))
 MARKDOWN_COLUMNS = ("ms_per_image", "speedup", "speedup_interleaved", "gflops", "flops_ratio", "peak_mb",
                     "memory_ratio", "psnr_differing", "identical", "ssim", "ms_ssim",
-                    "token_agreement", "class_acc", "fid_proxy", "fid_real", "fid_inception", "clip_score")
+                    "token_agreement", "lpips_alex", "lpips_vgg", "class_acc", "fid_proxy", "fid_real",
+                    "fid_inception", "kid_inception", "is_inception", "clip_score",
+                    "image_reward", "hpsv2") + PROMPT_AND_IMPORTED[3:]
 
 
 @dataclass
@@ -239,7 +264,7 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
 
     present = [m for m in METRICS if m[0] in MARKDOWN_COLUMNS and any(
         _get(r["summary"], m[1]) is not None for r in records if r["role"] != "baseline"
-        or m[0] in ("gflops", "peak_mb")) or m[0] in ("ms_per_image", "speedup")]
+        or m[0] in ("gflops", "peak_mb") + PROMPT_AND_IMPORTED) or m[0] in ("ms_per_image", "speedup")]
     n_batches = {len(r["timing"].get("batches", [])) for r in records}
     batches_note = f" ({n_batches.pop()} batches)" if len(n_batches) == 1 else " (batches)"
     rounds_note = (f" (b={interleaved['batch_size']}, {interleaved['rounds']} rounds)" if interleaved else "")
@@ -280,6 +305,14 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
                "`psnr_mean_mse` (PSNR of the mean MSE over all samples).\n")
     doc.extend(lines)
     doc.append("")
+    protocols = sorted({str(r["metrics"].get("set_level", {}).get(name, {}).get("protocol"))
+                        for r in records for name in ("fid_inception", "kid_inception", "is_inception")
+                        if isinstance(r["metrics"].get("set_level", {}).get(name), dict)
+                        and r["metrics"]["set_level"][name].get("protocol")})
+    if protocols:
+        doc.append(f"FID / KID / IS (Inception): the FID Inception-v3 network, input protocol "
+                   f"{' and '.join(protocols)} (var_core.eval.inception; protocols resize and normalise "
+                   f"differently, so their FIDs are not comparable).\n")
     doc.append(f"Timed region: {TIMED_REGION}.\n")
     if interleaved:
         doc.append(f"`speedup interleaved`: after all arms, a batch of {interleaved['batch_size']} (the first "
@@ -292,6 +325,13 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
         for name, why in r["metrics"].get("unavailable", {}).items():
             if why != "reference arm":
                 reasons.setdefault(name, why)
+    from .imports import import_footer
+    from var_core.eval.metric_registry import directions_line
+
+    doc.extend(import_footer(out_dir, records))
+    shown = directions_line([m[1] for m in present])
+    if shown:
+        doc.append(shown + "\n")
     if reasons:
         doc.append("Not available here:\n")
         doc.extend(f"- `{name}`: {why}" for name, why in sorted(reasons.items()))
@@ -476,7 +516,211 @@ def write_plots(out_dir: Path, records: list[dict]) -> dict[str, Path]:
         paths["latency_breakdown"] = plots_dir / "latency_breakdown.png"
         fig.savefig(paths["latency_breakdown"], dpi=130)
         plt.close(fig)
+
+    # 6. quality vs FLOPs per series of arms (e.g. each scorer at several pruning levels), the analyses' figures
+    path = plot_quality_vs_flops(records, plots_dir / "quality_vs_flops.png")
+    if path is not None:
+        paths["quality_vs_flops"] = path
+    paths.update(write_analysis_plots(out_dir, plots_dir))
     return paths
+
+
+# ----- curves and the analyses' plots (issue 12: the papers' figures) ---------------------------------------
+def _series(name: str) -> tuple[str, str] | None:
+    """``("entropy", "tau=0.8")`` for an arm named ``entropy@tau=0.8`` (None: not a series point)."""
+    if "@" not in name:
+        return None
+    head, _, tail = name.partition("@")
+    return head, tail
+
+
+def plot_quality_vs_flops(records: list[dict], path: Path) -> Path | None:
+    """Quality against the analytic FLOPs ratio, one line per series of arms (``<series>@<level>``: e.g. a scorer at
+    several pruning levels), 95 % CI bars; arms outside a series are single points (the baseline, at 1, is left
+    out so the curves keep the scale)."""
+    plt, sns = _plt()
+    metrics = [(k, label) for k, label in (("ssim", "SSIM vs baseline"), ("token_agreement", "token agreement"),
+                                           ("class_correct", "class accuracy"))
+               if any(_get(r["summary"], k) for r in records if r["role"] != "baseline")]
+    points = []
+    for r in records:
+        if r["role"] == "baseline":
+            continue
+        flops = _get(r["summary"], "flops_ratio")
+        if flops is None or flops.get("mean") is None:
+            continue
+        series = _series(r["arm"])
+        points.append((series[0] if series else r["arm"], series[1] if series else "", flops["mean"], r))
+    groups: dict[str, list] = {}
+    for name, level, x, r in points:
+        groups.setdefault(name, []).append((x, level, r))
+    if not metrics or not any(len(v) >= 2 for v in groups.values()):
+        return None
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.2), squeeze=False)
+    colors = dict(zip(groups, sns.color_palette("tab10", max(3, len(groups)))))
+    for ax, (key, label) in zip(axes[0], metrics):
+        for name, pts in groups.items():
+            pts = sorted(pts, key=lambda p: p[0])
+            ys = [_err(_get(r["summary"], key)) for _, _, r in pts]
+            xs = [p[0] for p in pts]
+            ax.errorbar(xs, [y[0] for y in ys], yerr=[[y[1] for y in ys], [y[2] for y in ys]], fmt="-o" if len(pts) > 1
+                        else "o", capsize=3, color=colors[name], label=name, alpha=0.85, ms=4)
+        ax.set_xlabel("FLOPs ratio vs baseline (analytic)")
+        ax.set_ylabel(label)
+    family = records[0].get("family", "") if records else ""
+    fig.suptitle(f"quality vs FLOPs per series ({family}; arms named series@level; 95% CI)")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    fig.legend(handles, names, loc="center right", fontsize=7, frameon=False)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_layer_entropy(data: dict, path: Path) -> Path | None:
+    """NOVA Fig. 4(c): one heat map per (sample, block) of the logit-lens entropy at one scale, shared colour scale,
+    each titled with the block's mean entropy."""
+    maps = np.asarray(data.get("maps") or [], dtype=float)  # samples x blocks x h x w
+    if maps.ndim != 4 or maps.size == 0:
+        return None
+    plt, _ = _plt()
+    S, L = maps.shape[:2]
+    fig, axes = plt.subplots(S, L, figsize=(1.9 * L + 1.2, 1.9 * S + 0.6), squeeze=False)
+    vmin, vmax = float(np.nanmin(maps)), float(np.nanmax(maps))
+    image = None
+    for i in range(S):
+        for b in range(L):
+            ax = axes[i][b]
+            image = ax.imshow(maps[i, b], cmap="magma", vmin=vmin, vmax=vmax, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"block {b}: {np.nanmean(maps[i, b]):.2f}", fontsize=7)
+        label = (data.get("labels") or [None] * S)[i]
+        axes[i][0].set_ylabel(f"sample {data['indices'][i]}" + (f"\nclass {label}" if label is not None else ""),
+                              fontsize=7)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="entropy (nats)")
+    h, w = data.get("hw", ["?", "?"])
+    fig.suptitle(f"logit-lens entropy per block at scale {data.get('scale')} ({h}x{w}); title: block mean")
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_gamma(data: dict, path: Path) -> Path | None:
+    """LD-Pruning Fig. 3(a): γ_k per scale, one thin line per sample, the mean with a 95 % CI band, SATS's δ."""
+    import pandas as pd
+
+    rows = [(i, k, g) for i, row in enumerate(data.get("gamma") or []) for k, g in enumerate(row) if g is not None]
+    if not rows:
+        return None
+    plt, sns = _plt()
+    df = pd.DataFrame(rows, columns=["sample", "scale", "gamma"])
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for _, part in df.groupby("sample"):
+        ax.plot(part["scale"], part["gamma"], color="grey", lw=0.6, alpha=0.4)
+    sns.lineplot(df, x="scale", y="gamma", errorbar=("ci", 95), seed=0, marker="o", ax=ax, color="C0", label="mean")
+    if data.get("delta") is not None:
+        ax.axhline(data["delta"], color="C3", ls="--", lw=1, label=f"SATS delta = {data['delta']:g}")
+    ax.set_xlabel("scale (0-indexed)")
+    ax.set_ylabel("guidance discrepancy gamma_k")
+    ax.set_title(f"cond/uncond discrepancy per scale ({len(data['gamma'])} samples, plain model)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_criterion_iou(data: dict, path: Path) -> Path | None:
+    """LD-Pruning Fig. 4: IoU with the tokens that change vs pruning rate, one line per criterion (95 % CI)."""
+    rows = data.get("summary") or []
+    if not rows:
+        return None
+    plt, sns = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    names = list(dict.fromkeys(r["criterion"] for r in rows))
+    colors = dict(zip(names, sns.color_palette("tab10", max(3, len(names)))))
+    for name in names:
+        part = sorted((r for r in rows if r["criterion"] == name), key=lambda r: r["rate"])
+        x = [r["rate"] for r in part]
+        ax.plot(x, [r["mean"] for r in part], "-o", ms=3, color=colors[name], label=name)
+        ax.fill_between(x, [r["low"] for r in part], [r["high"] for r in part], color=colors[name], alpha=0.15)
+    ax.set_xlabel("pruning rate")
+    ax.set_ylabel("IoU with the changing tokens")
+    ax.set_title(f"kept set vs decoded change |I_k - I_k-1| (scales {data.get('scales')}, 95% CI)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_rho_calibration(data: dict, path: Path) -> Path | None:
+    """ToProVAR Fig. 8 (right): ρ_s per scale (samples and mean with 95 % CI), the distribution of ρ* (ρ at each
+    sample's good depth) with the implied τ and the paper's 0.4."""
+    import pandas as pd
+
+    table, calib = data.get("table") or {}, data.get("calibration") or {}
+    rows = [(i, k, r) for i, row in enumerate(table.get("rho") or []) for k, r in enumerate(row) if r is not None]
+    if not rows:
+        return None
+    plt, sns = _plt()
+    df = pd.DataFrame(rows, columns=["sample", "scale", "rho"])
+    fig, (ax, hx) = plt.subplots(1, 2, figsize=(10, 4))
+    for _, part in df.groupby("sample"):
+        ax.plot(part["scale"], part["rho"], color="grey", lw=0.6, alpha=0.4)
+    sns.lineplot(df, x="scale", y="rho", errorbar=("ci", 95), seed=0, marker="o", ax=ax, color="C0", label="mean")
+    stars = calib.get("rho_star") or []
+    at = calib.get("star_scale") or calib.get("good_depth") or []
+    ax.scatter([g for g, s in zip(at, stars) if s is not None], [s for s in stars if s is not None], color="C2",
+               zorder=3, s=14, label=f"rho at the good depth (SSIM > {calib.get('ssim_threshold', 0.8):g})")
+    for value, name, color in ((calib.get("tau"), "implied tau", "C3"), (0.4, "paper tau", "k")):
+        if value is not None:
+            ax.axhline(value, color=color, ls="--", lw=1, label=f"{name} = {value:.2f}")
+            hx.axvline(value, color=color, ls="--", lw=1, label=f"{name} = {value:.2f}")
+    ax.set_xlabel("scale (0-indexed)")
+    ax.set_ylabel("rho_s (share of below-mean-entropy tokens)")
+    ax.legend(fontsize=7)
+    values = [s for s in stars if s is not None]
+    if values:
+        hx.hist(values, bins=min(20, max(5, len(values) // 2)), color="C2", alpha=0.7)
+    hx.set_xlabel("rho* (at each sample's good depth)")
+    hx.set_ylabel("samples")
+    hx.legend(fontsize=7)
+    fig.suptitle(f"ToProVAR tau calibration ({len(table.get('rho') or [])} samples, rho from {table.get('source')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+ANALYSIS_PLOTS = {  # analysis file -> (plot name, plot function)
+    "layer_entropy.json": ("layer_entropy", plot_layer_entropy),
+    "gamma_per_scale.json": ("gamma_per_scale", plot_gamma),
+    "criterion_iou.json": ("criterion_iou", plot_criterion_iou),
+    "rho_calibration.json": ("rho_calibration", plot_rho_calibration),
+}
+
+
+def write_analysis_plots(out_dir: Path, plots_dir: Path) -> dict[str, Path]:
+    """The plots of the family analyses found under ``<out_dir>/analysis`` (see ``ablations.base.run_analysis``)."""
+    import json
+
+    paths: dict[str, Path] = {}
+    for file, (name, plot) in ANALYSIS_PLOTS.items():
+        source = Path(out_dir) / "analysis" / file
+        if source.is_file():
+            path = plot(json.loads(source.read_text()), plots_dir / f"{name}.png")
+            if path is not None:
+                paths[name] = path
+    return paths
+
+
+def analysis_markdown(out_dir: Path) -> str:
+    """The analyses' Markdown tables (``<out_dir>/analysis/*.md``), for the end of ``table.md``."""
+    folder = Path(out_dir) / "analysis"
+    parts = [p.read_text() for p in sorted(folder.glob("*.md"))] if folder.is_dir() else []
+    return "\n".join(parts)
 
 
 def write_overview_grid(out_dir: Path, records: list[dict], k: int = 8, problems: list[str] | None = None
@@ -581,7 +825,14 @@ def write_report(out_dir: Path, records: list[dict], unavailable: list, *, plan=
         if set(interleaved.get("arms", {})) != {r["arm"] for r in records}:
             interleaved = None  # from another selection of arms
     outputs: dict[str, Any] = {"records": [str(rec.record_paths(out_dir, r["arm"])[0]) for r in records]}
+    from .imports import merge_imports
+
+    records = merge_imports(out_dir, records)  # GenEval / DPG-Bench summaries imported into imports/*.json
     outputs.update({k: str(v) for k, v in write_table(out_dir, records, unavailable, plan, interleaved).items()})
+    extra = analysis_markdown(out_dir)  # the family's analysis (criterion IoU, ...) after the arms' table
+    if extra:
+        md = Path(outputs["markdown"])
+        md.write_text(md.read_text() + "\n" + extra)
     if interleaved:
         outputs["timing_interleaved"] = str(out_dir / "timing_interleaved.json")
     plot_paths: dict[str, Path] = {}

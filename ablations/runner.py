@@ -44,6 +44,7 @@ import torch
 
 from var_core.eval import records as rec
 from var_core.errors import UserError
+from var_core.eval.distributed import Launch, RankChannel, resolve_launch, started_ranks
 from var_core.eval.lightning import ConditionSet, GenerationRun, ResultFileError, run_generation
 from var_core.eval.metrics import MetricContext, compute_arm_metrics
 from var_core.eval.stats import Summary, bootstrap_ci, paired_bootstrap_ratio, paired_wilcoxon
@@ -53,7 +54,8 @@ from .overrides import apply_overrides, parse_overrides
 from .probes import ProfilerProbe
 
 __all__ = ["StudyOptions", "StudyPlan", "StudyResult", "plan_study", "run_study", "resolve_model",
-           "resolve_sampling", "default_out_dir", "results_lock", "ResultsFolderBusy", "baseline_identity",
+           "resolve_sampling", "sampling_overrides", "load_study_model", "load_prompts", "study_conditions",
+           "images_root", "export_arm_images", "default_out_dir", "results_lock", "ResultsFolderBusy", "baseline_identity",
            "LOCK_NAME"]
 
 PAIRED_TESTS = ("class_prob", "class_correct", "entropy_mean")
@@ -69,7 +71,8 @@ class StudyOptions:
     seed: int = 0
     out: str | None = None
     accelerator: str = "cpu"
-    devices: int = 1
+    devices: int | str | list[int] = 1  # Lightning's forms: N, auto, -1, GPU indices [0, 1]
+    num_nodes: int = 1  # with --strategy ddp / torchrun / SLURM (see var_core.eval.distributed)
     strategy: str = "auto"
     wandb: str = "offline"  # offline | online | disabled
     overrides: tuple[str, ...] = ()
@@ -80,6 +83,12 @@ class StudyOptions:
     arms: tuple[str, ...] | None = None  # run only these arm names (the baseline always runs)
     inception_weights: str | None = None
     clip_weights: str | None = None
+    image_reward_weights: str | None = None  # ImageReward.pt or its folder (var_core.eval.image_reward)
+    hps_weights: str | None = None  # HPS_v2.1_compressed.pt or its folder (var_core.eval.hps)
+    lpips_backbone: str | None = None  # LPIPS backbone (torchvision features layout; var_core.eval.lpips)
+    lpips_lin: str | None = None  # LPIPS v0.1 linear layers
+    lpips_net: str = "alex"
+    fid_protocol: str | None = None  # None: var_core.eval.inception.DEFAULT_PROTOCOL
     classifier: str | None = None  # testbed classifier weights (default: the shipped file)
     profile: bool = True
     threads: int | str | None = "auto"  # intra-op threads per process: int, "auto" (see resolve_threads), None = torch
@@ -87,6 +96,16 @@ class StudyOptions:
     plots: bool = True
     timing_rounds: int = 5  # interleaved re-timing rounds per arm (0: off): latency speedup robust to load drift
     timing_batch: int = 1  # batch size of the interleaved re-timing (1: the latency regime)
+    # real checkpoints, sampling and prompts (studies._model_cli: --vae-weights --text-encoder --cfg --top-k --top-p
+    # --temperature --prompts --save-images); None: the model's own default
+    vae_weights: str | None = None
+    text_encoder: str | None = None  # Infinity: a flan-t5-xl folder or its Hugging Face cache folder
+    cfg: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
+    prompts: str | None = None  # a prompt file (var_core.eval.prompts): text-to-image models only
+    save_images: bool | str | None = None  # True: <out>/images/<arm>/...; a folder: <folder>/images/<arm>/...
 
 
 @dataclass
@@ -126,7 +145,94 @@ def resolve_model(name: str | None, weights: str | None) -> tuple[str, str | Non
     return name, weights, notes
 
 
-def resolve_sampling(adapter, model: str, weights: str | None):
+def sampling_overrides(options) -> dict:
+    """The sampling knobs ``options`` sets (``cfg``, ``top_k``, ``top_p``, ``temperature``; None = not set)."""
+    return {k: getattr(options, k) for k in ("cfg", "top_k", "top_p", "temperature")
+            if getattr(options, k, None) is not None}
+
+
+def resolve_sampling(adapter, model: str, weights: str | None, overrides: dict | None = None):
+    """The model's default sampling (its adapter's, the testbed card's, else ``SamplingConfig()``) with
+    ``overrides`` (``--cfg --top-k --top-p --temperature``) applied; a value out of range is a ``UserError``."""
+    base = _default_sampling(adapter, model, weights)
+    if not overrides:
+        return base
+    try:
+        return dataclasses.replace(base, **overrides)
+    except ValueError as exc:
+        raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
+
+
+def load_study_model(model: str, weights: str | None, *, vae_weights: str | None = None,
+                     text_encoder: str | None = None, dtype=torch.float32, device: str = "cpu", seed: int = 0):
+    """``var_core.models.zoo.load_model`` with the checkpoint paths of a study (``--weights --vae-weights
+    --text-encoder``); ``--text-encoder`` on a class-conditional model is a ``UserError``."""
+    from var_core.models.zoo import ZOO, load_model
+
+    kwargs: dict[str, Any] = {}
+    if vae_weights is not None:
+        base = model.removeprefix("random:")
+        if model.startswith("random:") or base in ("testbed", "official-tiny", "official-infinity-tiny"):
+            raise UserError(f"--vae-weights is for the official checkpoints (var-d16 … var-d36, infinity-2b, "
+                            f"infinity-8b, infinity-tiny); {model} "
+                            + ("draws seeded random weights" if model.startswith("random:") else
+                               "loads its own folder (--weights)") + ": drop the option")
+        kwargs["vae_weights"] = vae_weights
+    if text_encoder is not None:
+        family = getattr(ZOO.get(model.removeprefix("random:")), "family", None)
+        if family != "infinity":
+            raise UserError(f"--text-encoder is for text-to-image (Infinity) models; {model} is class-conditional: "
+                            f"drop the option")
+        kwargs["text_encoder"] = text_encoder
+    return load_model(model, weights=weights, dtype=dtype, device=device, seed=seed, **kwargs)
+
+
+def load_prompts(path: str | None):
+    """The :class:`~var_core.eval.prompts.PromptSet` of ``--prompts`` (None when not given)."""
+    if path is None:
+        return None
+    from var_core.eval.prompts import load_prompt_set
+
+    return load_prompt_set(path)
+
+
+def study_conditions(adapter, samples: int, seed: int, prompt_set=None) -> ConditionSet:
+    """Balanced class labels, or with a prompt set sample ``i`` on prompt ``i mod P`` (text-to-image only)."""
+    if prompt_set is not None:
+        if getattr(adapter, "family", None) != "infinity":
+            raise UserError(f"--prompts needs a text-to-image model (random:infinity-tiny, infinity-2b, ...); "
+                            f"{getattr(adapter, 'model_name', 'this model')} is class-conditional: drop --prompts")
+        return prompt_set.conditions(samples, seed)
+    num_classes = int(getattr(getattr(adapter, "cfg", None), "num_classes", 1) or 1)
+    return ConditionSet.balanced(samples, num_classes, seed)
+
+
+def images_root(save_images: bool | str | None, out_dir: str | Path) -> Path | None:
+    """Where ``--save-images`` puts its ``images/`` tree: the results folder, or the folder it names."""
+    if save_images is None or save_images is False:
+        return None
+    if save_images is True or save_images == "":
+        return Path(out_dir)
+    return Path(save_images).expanduser()
+
+
+def export_arm_images(root: Path | None, arm: str, run: GenerationRun | None, conditions: ConditionSet,
+                      prompt_set=None, log: Callable[[str], None] = print) -> dict | None:
+    """Write one arm's images in the evaluators' layouts (:mod:`var_core.eval.export`) when ``root`` is set."""
+    if root is None:
+        return None
+    if run is None or run.images_u8 is None:
+        log(f"    images of {arm!r}: not exported (its stored samples hold no images)")
+        return None
+    from var_core.eval.export import export_images
+
+    meta = prompt_set.geneval_metadata if prompt_set is not None else None
+    out = export_images(root, arm, run.images_u8, conditions, indices=run.indices, prompt_metadata=meta)
+    log(f"    images: {len(run.indices)} PNGs in {out['folder']} ({', '.join(out['layouts'])})")
+    return out
+
+
+def _default_sampling(adapter, model: str, weights: str | None):
     from var_core.engine import SamplingConfig
 
     default = getattr(adapter, "default_sampling", None)
@@ -182,6 +288,8 @@ def default_out_dir(options: StudyOptions, model: str) -> Path:
     tag += f"_{rec.arm_slug(model.replace(':', '-'))}_n{options.samples}_seed{options.seed}"
     if options.overrides:
         tag += "_set-" + hashlib.sha1(" ".join(sorted(options.overrides)).encode()).hexdigest()[:8]
+    if getattr(options, "prompts", None):
+        tag += "_prompts-" + rec.arm_slug(Path(options.prompts).stem)
     return Path("results") / "ablate" / tag
 
 
@@ -203,6 +311,20 @@ def plan_study(options: StudyOptions) -> StudyPlan:
                              f"{', '.join(a.name for a in arms)}")
         arms = [a for a in arms if a.role == "baseline" or a.name in wanted]
     model, weights, notes = resolve_model(options.model, options.weights)
+    if options.prompts is not None:
+        load_prompts(options.prompts)  # a bad prompt file fails here, before any model is loaded
+        from var_core.models.zoo import ZOO
+
+        if getattr(ZOO.get(model.removeprefix("random:")), "family", None) != "infinity":
+            raise UserError(f"--prompts needs a text-to-image model (random:infinity-tiny, infinity-2b, ...); "
+                            f"{model} is class-conditional: drop --prompts")
+    if sampling_overrides(options):
+        from var_core.engine import SamplingConfig
+
+        try:  # each knob's range is checked on its own: out-of-range values fail before any model is loaded
+            SamplingConfig(**sampling_overrides(options))
+        except ValueError as exc:
+            raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
     out_dir = Path(options.out) if options.out else default_out_dir(options, model)
     return StudyPlan(options, arms, model, weights, notes, out_dir)
 
@@ -283,7 +405,8 @@ def _arm_record(config: rec.RunConfig, arm: Arm, run: GenerationRun, metrics, ad
                             None), "num_scales": getattr(adapter, "num_scales", None),
                             "num_classes": getattr(getattr(adapter, "cfg", None), "num_classes", None)})
     record["environment"] = rec.environment_info(adapter, accelerator=config.accelerator, devices=config.devices,
-                                                 strategy=config.strategy, processes=run.processes)
+                                                 strategy=config.strategy, processes=run.processes,
+                                                 num_nodes=config.num_nodes)
     record["timing"].update(_timing(run, plan.options.seed))
     entropy = run.entropy
     with np.errstate(all="ignore"):
@@ -299,6 +422,7 @@ def _arm_record(config: rec.RunConfig, arm: Arm, run: GenerationRun, metrics, ad
         "unavailable": metrics.unavailable, "signature": metric_signature,
         "history_first_batch": run.batches[0].get("history") if run.batches else None,
     }
+    record["metrics_info"] = metrics.info  # per metric: direction, proxy, weights path + sha256, state
     summary = _summaries(per_sample, plan.options.seed)
     summary.update(metrics.set_level)
     summary["ms_per_image"] = record["timing"]["ms_per_image"]
@@ -381,6 +505,7 @@ def _refresh_metrics(out_dir: Path, found: dict, metric_ctx: MetricContext, sign
     per_sample["entropy_mean"] = found["metrics"]["per_sample"].get("entropy_mean") or []
     record["metrics"].update(per_sample=per_sample, set_level=metrics.set_level, unavailable=metrics.unavailable,
                              signature=signature)
+    record["metrics_info"] = metrics.info
     record["metrics"]["per_scale"]["token_agreement"] = metrics.per_scale.get("token_agreement")
     summary = _summaries(per_sample, plan.options.seed)
     summary.update(metrics.set_level)
@@ -398,7 +523,10 @@ def _refresh_metrics(out_dir: Path, found: dict, metric_ctx: MetricContext, sign
 def _metric_signature(ctx: MetricContext) -> dict:
     return {"classifier": ctx.classifier is not None, "classifier_reason": ctx.classifier_reason,
             "real_images": None if ctx.real_images is None else int(ctx.real_images.shape[0]),
-            "inception": ctx.inception_weights, "clip": ctx.clip_weights, "version": 1}
+            "inception": ctx.inception_weights, "clip": ctx.clip_weights,
+            "image_reward": getattr(ctx, "image_reward_weights", None), "hps": getattr(ctx, "hps_weights", None),
+            "fid_protocol": ctx.fid_protocol, "lpips": [ctx.lpips_net, ctx.lpips_backbone, ctx.lpips_lin],
+            "version": 3}  # 2: CLIP score per sample, ImageReward, HPSv2.1; 3: FID protocol, LPIPS
 
 
 # ----- the results folder: lock, unreadable files, baseline identity ---------------------------------------
@@ -441,9 +569,15 @@ def _lock_holder_alive(info: dict) -> bool | None:
 
 
 def _is_ddp_child() -> bool:
-    """A non-zero rank of a distributed launch (Lightning's ``ddp`` launcher, torchrun): the launching process
-    holds the lock for the whole study."""
-    return any(os.environ.get(var, "0") not in ("", "0") for var in ("LOCAL_RANK", "RANK", "NODE_RANK"))
+    """A non-zero rank of a distributed launch (Lightning's ``ddp`` launcher, torchrun, SLURM ``srun``): global
+    rank 0 holds the lock for the whole study. (``run_study`` sends the other ranks of its own launch past the lock
+    altogether; this guards other callers.)"""
+    if any(os.environ.get(var, "0") not in ("", "0") for var in ("LOCAL_RANK", "RANK", "NODE_RANK")):
+        return True
+    from var_core.eval.distributed import launched_env
+
+    launched = launched_env()
+    return launched is not None and launched.rank != 0
 
 
 def _read_lock(path: Path) -> dict | None:
@@ -606,7 +740,8 @@ def _check_record_file(json_path: Path, log: Callable[[str], None]) -> None:
 def _check_arms_on_model(available: list[Arm], unavailable: list[Arm], adapter, sampling, model: str,
                          log: Callable[[str], None]) -> tuple[list[Arm], list[Arm]]:
     """Ask every arm's components whether they fit this model (``Component.check_model``) before anything is
-    generated; an arm that does not is reported as unavailable with the reason and the fix, and the others run."""
+    generated; an arm that does not is reported as unavailable with the reason and the fix, and the others run.
+    A per-model preset's arm gets the config resolved for this model (what runs, and what its record hashes)."""
     from var_core.accel import build_policy
     from var_core.engine.loop import generation_info
 
@@ -617,6 +752,7 @@ def _check_arms_on_model(available: list[Arm], unavailable: list[Arm], adapter, 
         try:
             if policy is not None and hasattr(policy, "check_model"):
                 policy.check_model(info)
+                arm = dataclasses.replace(arm, config=getattr(policy, "config", arm.config))
             fit.append(arm)
         except ValueError as exc:
             unfit.append(dataclasses.replace(arm, error=f"cannot run on {model}: {exc}"))
@@ -632,11 +768,45 @@ def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: S
     decided there, before anything runs) and passes that plan here."""
     started = time.perf_counter()
     plan = plan or plan_study(options)
+    # one decision of where generation runs (accelerator auto, devices forms, nodes, strategy, torchrun / SLURM)
+    launch = resolve_launch(options.accelerator, options.devices, options.num_nodes, options.strategy)
+    if not launch.is_rank_zero:  # another rank of a ddp / torchrun / SLURM launch: no lock, writes nothing
+        with started_ranks(launch, log) as channel:
+            return _follow_study(options, plan, launch, channel, log, started)
     with results_lock(plan.out_dir, log):
-        return _run_study(options, log, plan, started)
+        with started_ranks(launch, log) as channel:
+            return _run_study(options, log, plan, started, launch=launch, channel=channel)
 
 
-def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPlan, started: float) -> StudyResult:
+def _follow_study(options: StudyOptions, plan: StudyPlan, launch: Launch, channel: RankChannel,
+                  log: Callable[[str], None], started: float) -> StudyResult:
+    """A rank other than 0: load the same model on this rank's device, then join every generation rank 0 announces
+    (same policy, sampling, samples, batch size, warm-up, threads) until it says it is done. Rank 0 decides which
+    arms to reuse or compute and writes everything; this rank reads and writes nothing in the results folder."""
+    adapter = load_study_model(plan.model, plan.weights, vae_weights=options.vae_weights,
+                               text_encoder=options.text_encoder, dtype=getattr(torch, options.dtype),
+                               device=launch.load_device)
+    joined = 0
+    while True:
+        message = channel.receive()
+        kind = message.get("kind")
+        if kind == "done":
+            break
+        if kind != "generate":
+            raise RuntimeError(f"rank 0 stopped ({kind}); see its output. Rank {launch.rank} stops too")
+        run_generation(adapter, message["conditions"], policy_config=message["policy"], sampling=message["sampling"],
+                       batch_size=message["batch_size"], warmup=message["warmup"],
+                       probes=[ProfilerProbe(device=launch.device)] if message["profile"] else [],
+                       threads=message["threads"], progress=False, launch=launch)
+        joined += 1
+    log(f"rank {launch.rank}: joined {joined} generation(s) of rank 0, which writes the results in {plan.out_dir}")
+    return StudyResult(plan.out_dir, [], [], [], [], {}, time.perf_counter() - started)
+
+
+def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPlan, started: float,
+               launch: Launch | None = None, channel: RankChannel | None = None) -> StudyResult:
+    if launch is None:
+        launch = resolve_launch(options.accelerator, options.devices, options.num_nodes, options.strategy)
     for note in plan.notes:
         log(f"note: {note}")
     out_dir = plan.out_dir
@@ -648,20 +818,28 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
     if not any(a.role == "baseline" for a in available):
         raise RuntimeError("the baseline arm cannot be built")
 
-    from var_core.models.zoo import load_model
-
     dtype = getattr(torch, options.dtype)
-    device = "cuda" if options.accelerator in ("gpu", "cuda") else "cpu"
-    # loaded on the CPU: Lightning moves the modules to each process's device
-    adapter = load_model(plan.model, weights=plan.weights, dtype=dtype, device="cpu")
-    sampling = resolve_sampling(adapter, plan.model, plan.weights)
+    device = launch.device  # this process's device: probes, the interleaved re-timing and the records use it
+    for note in launch.notes:
+        log(f"note: {note}")
+    # loaded where it runs (the CPU for ddp_spawn, whose workers get a copy that Lightning moves to their device)
+    adapter = load_study_model(plan.model, plan.weights, vae_weights=options.vae_weights,
+                               text_encoder=options.text_encoder, dtype=dtype, device=launch.load_device)
+    sampling = resolve_sampling(adapter, plan.model, plan.weights, sampling_overrides(options))
     available, unavailable = _check_arms_on_model(available, unavailable, adapter, sampling, plan.model, log)
-    num_classes = int(getattr(getattr(adapter, "cfg", None), "num_classes", 1) or 1)
-    conditions = ConditionSet.balanced(options.samples, num_classes, options.seed)
+    prompt_set = load_prompts(options.prompts)
+    conditions = study_conditions(adapter, options.samples, options.seed, prompt_set)
+    if prompt_set is not None:
+        plan.notes.append(f"prompts: {len(prompt_set)} from {prompt_set.source} ({prompt_set.format}); sample i uses "
+                          f"prompt i mod {len(prompt_set)}")
+    image_root = images_root(options.save_images, out_dir)
     metric_ctx = MetricContext.build(adapter, classifier_path=options.classifier,
                                      inception_weights=options.inception_weights,
                                      clip_weights=options.clip_weights, real_count=options.samples,
-                                     seed=options.seed)
+                                     seed=options.seed, image_reward_weights=options.image_reward_weights,
+                                     hps_weights=options.hps_weights, prompts=conditions.prompts,
+                                     lpips_backbone=options.lpips_backbone, lpips_lin=options.lpips_lin,
+                                     lpips_net=options.lpips_net, fid_protocol=options.fid_protocol)
     signature = _metric_signature(metric_ctx)
     log(f"study {options.family!r}: {len(available)} arms on {plan.model} ({adapter.image_size}px, "
         f"{adapter.num_scales} scales), {options.samples} samples per arm, batch {options.batch_size}, "
@@ -675,8 +853,8 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             arm=arm.name, family=options.family, policy=arm.config, model=plan.model, weights=plan.weights,
             sampling=sampling, conditions=conditions, batch_size=options.batch_size, warmup=options.warmup,
             role=arm.role if arm.role == "baseline" else "arm", description=arm.description,
-            plain_loop=arm.role == "baseline", dtype=options.dtype, accelerator=options.accelerator,
-            devices=options.devices, strategy=options.strategy)
+            plain_loop=arm.role == "baseline", dtype=options.dtype, accelerator=launch.accelerator,
+            devices=launch.devices, strategy=launch.strategy, num_nodes=launch.num_nodes)
 
     threads, threads_reason = resolve_threads(options.threads)
     if options.threads == "auto":  # resuming: run the missing arms like the reused ones, for comparable timings
@@ -734,13 +912,17 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
                 base_identity = baseline_identity(found, found_run)
             records.append(found)
             reused.append(arm.name)
+            export_arm_images(image_root, arm.name, found_run, conditions, prompt_set, log)
             continue
         log(f"[{position}/{total}] {arm.name}: {arm.description}")
         t0 = time.perf_counter()
+        if channel is not None:  # the other ranks join this generation
+            channel.send({"kind": "generate", "arm": arm.name, "policy": None if is_base else arm.config,
+                          "sampling": sampling, "conditions": conditions, "batch_size": options.batch_size,
+                          "warmup": options.warmup, "threads": threads, "profile": bool(options.profile)})
         run = run_generation(adapter, conditions, policy_config=None if is_base else arm.config,
                              sampling=sampling, batch_size=options.batch_size, warmup=options.warmup,
-                             accelerator=options.accelerator, devices=options.devices, strategy=options.strategy,
-                             probes=probes, threads=threads,
+                             launch=launch, probes=probes, threads=threads,
                              progress=f"[{position}/{total}] {arm.name}" if options.progress else False)
         if is_base:
             base_run = run
@@ -761,6 +943,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
         if is_base:
             base_record = record
         _save_grid(out_dir, arm.name, run, base_run, options.grid_samples)
+        export_arm_images(image_root, arm.name, run, conditions, prompt_set, log)
         records.append(record)
         computed.append(arm.name)
         s = record["summary"]
@@ -770,19 +953,27 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             + (f", class acc {s['class_correct']['mean']:.3f}" if "class_correct" in s else "")
             + f"  ({record['timing']['arm_wall_seconds']:.1f} s)")
 
+    if channel is not None:
+        channel.close()  # nothing more to generate: the other ranks are released before rank-0-only work
     interleaved = None
     if options.timing_rounds > 0 and len(available) > 1:
         log(f"interleaved timing: {options.timing_rounds} rounds of a batch of {options.timing_batch} per arm, arms "
             f"back to back in rotating order")
         interleaved = interleaved_timing(adapter, available, conditions, sampling, options.timing_batch,
-                                         options.timing_rounds, seed=options.seed, threads=threads)
+                                         options.timing_rounds, seed=options.seed, threads=threads, device=device)
         rec.write_json_atomic(out_dir / "timing_interleaved.json", interleaved)
 
     from . import report
+    from .base import AnalysisContext, run_analysis
 
+    # the family's own measurement beyond its table (criterion IoU, entropy maps, gamma curve, tau calibration)
+    analysis = run_analysis(options.family, AnalysisContext(adapter, conditions, sampling, out_dir, available,
+                                                            threads=threads, log=log))
     outputs = report.write_report(out_dir, records, unavailable, plan=plan, adapter=adapter, log=log,
                                   plots=options.plots, grid_samples=options.grid_samples, wandb_mode=options.wandb,
                                   base_run=base_run, interleaved=interleaved)
+    if analysis:
+        outputs["analysis"] = analysis
     seconds = time.perf_counter() - started
     _write_manifest(out_dir, plan, adapter, sampling, conditions, status="complete", records=records,
                     outputs=outputs, seconds=seconds, computed=computed, reused=reused)
@@ -790,7 +981,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
 
 
 def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampling, batch_size: int, rounds: int,
-                       *, seed: int = 0, threads: int | None = None) -> dict:
+                       *, seed: int = 0, threads: int | None = None, device: torch.device | str | None = None) -> dict:
     """Re-time one batch (the first ``batch_size`` samples) per arm, ``rounds`` times, the arms in a rotating order
     within each round. With the default batch of 1 this is the latency-regime speedup; the main runs give the
     throughput-batch one (DESIGN.md: "speedup at batch 1 and at a throughput batch").
@@ -800,12 +991,19 @@ def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampl
     of the baseline's and the arm's time in the same round (bootstrap interval over rounds). Same timed region as
     the main runs (``generate()`` with the same sampling and policy; no tracer attached), after one untimed
     warm-up generation per arm at this batch size.
+
+    ``device``: where to time (the study's device, :attr:`var_core.eval.distributed.Launch.device`); the adapter is
+    moved there first, so the speedup is measured on the device the user asked for, whatever moved the model in
+    between. The result names the device it ran on.
     """
     from var_core.accel.policy import build_policy
     from var_core.engine import GenerationOptions, Policy, generate
+    from var_core.eval.records import attention_backend, device_name, model_dtype
 
+    if device is not None and torch.device(device) != adapter.device:
+        adapter.to(device)
     n = min(batch_size, len(conditions))
-    labels = torch.tensor(conditions.labels[:n], device=adapter.device)
+    labels = conditions.inputs(range(n), device=adapter.device)  # class labels, or the prompts of a prompt set
     seeds = conditions.seeds[:n]
     options = GenerationOptions(check_finite=adapter.device.type == "cpu")
     previous = torch.get_num_threads()
@@ -834,7 +1032,8 @@ def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampl
     base = next(a.name for a in arms if a.role == "baseline")
     out = {"rounds": rounds, "batch_size": n, "threads": torch.get_num_threads() if threads is None else threads,
            "timed_region": "generate() of the first batch of the sample set, no tracer; arms interleaved",
-           "arms": {}}
+           "device": str(adapter.device), "device_name": device_name(adapter.device), "dtype": model_dtype(adapter),
+           "attention_backend": attention_backend(adapter), "arms": {}}
     for a in arms:
         ms = [1000 * t / n for t in times[a.name]]
         entry = {"seconds": times[a.name], "ms_per_image": bootstrap_ci(ms, seed=seed).to_dict()}
@@ -874,4 +1073,8 @@ def _write_manifest(out_dir: Path, plan: StudyPlan, adapter, sampling, condition
         "command": " ".join(sys.argv) if sys.argv else None,
         "outputs": outputs or {}, "seconds": seconds, "computed": computed, "reused": reused,
     }
+    if conditions.prompts is not None:  # the prompt of every sample (with its tag / category), as the records have it
+        manifest["samples"].update({k: v for k, v in conditions.to_dict().items()
+                                    if k in ("prompts", "tags", "categories", "prompt_ids")},
+                                   prompt_file=plan.options.prompts)
     rec.write_json_atomic(out_dir / "study.json", manifest)

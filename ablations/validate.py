@@ -3,8 +3,10 @@
 For each family: build the arms (an unavailable arm is an error here), check that each config survives
 ``to_dict`` → ``from_dict`` with the same hash (records depend on it), then generate two samples with each distinct
 config on ``official-tiny`` (decode skipped; optionally stopped after ``max_scales`` scales by a wrapper policy), so
-a wrong option name, a value out of range or a component that fails at run time surfaces in seconds. One arm also
-goes through the Lightning evaluator to check that path.
+a wrong option name, a value out of range or a component that fails at run time surfaces in seconds. An arm whose
+components refuse the model in their pre-flight (``check_model``, e.g. a preset tabulated for Infinity only) is
+listed as ``n/a`` with the reason, as the study runner reports it unavailable, and does not fail. One arm also goes
+through the Lightning evaluator to check that path.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class StopAfter(Policy):
     def observe_logits(self, ctx, raw_logits_RNV):
         self.inner.observe_logits(ctx, raw_logits_RNV)
 
+    def latent_mask(self, ctx):
+        return self.inner.latent_mask(ctx)
+
     def end_scale(self, ctx, record):
         self.inner.end_scale(ctx, record)
 
@@ -74,6 +79,8 @@ class StopAfter(Policy):
 class ValidationReport:
     checked: list[tuple[str, str, float]] = field(default_factory=list)  # (family, arm, seconds)
     errors: list[tuple[str, str, str]] = field(default_factory=list)  # (family, arm, message)
+    # arms whose components refuse this model in their pre-flight (check_model), as the runner reports them
+    not_for_model: list[tuple[str, str, str]] = field(default_factory=list)  # (family, arm, reason)
     seconds: float = 0.0
 
     @property
@@ -108,6 +115,10 @@ def _validate(families, *, model, weights, max_scales, overrides, method, sample
     sampling = SamplingConfig(cfg=1.5, top_k=50, top_p=0.9)
     options = GenerationOptions(check_finite=True, decode=False)
     done: dict[str, str | None] = {}  # config hash -> error (None: fine)
+    unfit: dict[str, str] = {}  # config hash -> why check_model refuses the model
+    from var_core.engine.loop import generation_info
+
+    info = generation_info(adapter, samples, adapter.initial_guidance(sampling), sampling=sampling)
     parsed = parse_overrides(list(overrides))
     for fam in families or family_names():
         try:
@@ -123,13 +134,18 @@ def _validate(families, *, model, weights, max_scales, overrides, method, sample
                 continue
             key = arm.config.config_hash()
             t0 = time.perf_counter()
-            if key not in done:
+            if key not in done and key not in unfit:
                 try:
                     again = PolicyConfig.from_dict(arm.config.to_dict())
                     if again.config_hash() != key:
                         raise ValueError(f"config hash changes through to_dict/from_dict: {key} -> "
                                          f"{again.config_hash()}")
                     policy = build_policy(arm.config)
+                    try:  # the runner's pre-flight: a model this arm is not for is not an error of the arm
+                        policy.check_model(info)
+                    except ValueError as exc:
+                        unfit[key] = str(exc)
+                        raise
                     if max_scales is not None:
                         policy = StopAfter(policy, max_scales)
                     result = generate(adapter, labels, seeds=seeds, sampling=sampling, policy=policy,
@@ -138,9 +154,13 @@ def _validate(families, *, model, weights, max_scales, overrides, method, sample
                         raise RuntimeError("no scale was generated")
                     done[key] = None
                 except Exception as exc:  # noqa: BLE001 - reported per arm
-                    done[key] = f"{type(exc).__name__}: {exc}"
+                    if key not in unfit:
+                        done[key] = f"{type(exc).__name__}: {exc}"
             seconds = time.perf_counter() - t0
-            if done[key] is None:
+            if key in unfit:
+                report.not_for_model.append((fam, arm.name, unfit[key]))
+                log(f"n/a  {fam}/{arm.name} (not for {model}: {unfit[key]})")
+            elif done[key] is None:
                 report.checked.append((fam, arm.name, seconds))
                 log(f"ok   {fam}/{arm.name} ({seconds * 1000:.0f} ms)")
             else:

@@ -66,6 +66,29 @@ independent of the kept tokens). The text encoder (flan-T5) is not counted (it i
 ``text_encode``). ``T`` is not in the records: pass ``text_len`` to :func:`count_flops` (or
 :func:`infinity_text_len` computes it from the conditions).
 
+HART (family ``"hart"``, :class:`~var_core.engine.adapters.hart_adapter.HARTAdapter`; specs/hart.md), ``T`` =
+``context_token`` (300 for HART-0.7B), ``C_c`` = context width, SwiGLU MLP (three matrices), ``W`` / ``D`` / ``K`` =
+diffusion width / depth / steps:
+
+=====================  ====================================================  ======================================
+component / op         FLOPs                                                 where
+=====================  ====================================================  ======================================
+condition              ``2·R0·T·C_c·C`` (+ ``2·R0·C·6C`` per block, AdaLN)   ``context_embed`` (+ ``ada_lin``)
+embed                  as VAR (scales ≥ 1)                                   ``word_embed``
+attn/*                 as VAR; scale 0 runs all ``T`` context tokens, and    Llama attention, KV-cached
+                       every later scale attends to ``T − 1`` more keys
+                       (``ArchSpec.prefix_len``)
+ffn/fc1_gate, fc2      ``2·n·C·2H_m``, ``2·n·H_m·C``                         gate + up, down
+head                   as VAR (scale 0: the one sampled context row)         ``head_nm.ada_lin``, ``head``
+latent_update/phi      as VAR for scales < N−1; 0 at the last (no Phi)
+diffusion              ``K × [2·n·(256W + W²) + 2·n·C·W + 2·n·C_vae·W        the residual diffusion head on
+                       + D·(2·n·3W² + 4·n·W²) + 2·n·2W² + 2·n·W·2C_vae]``   ``n = R·l_N`` rows when guided (the
+                       + ``2·R·l_N·C_vae·C`` (condition)                     net runs on ``[x_c ; x_c]``), ``B·l_N``
+                                                                             unguided
+=====================  ====================================================  ======================================
+
+Arch-only: :func:`hart_arch` (e.g. ``hart_arch(HART_0P7B)``) and :func:`dense_records`.
+
 Other families plug in through :func:`register_family_formulas` (per-branch formulas keyed by
 ``adapter.family``) and ``ARCH_BUILDERS``. Arch-only reports (no model, no run): :func:`infinity_arch` /
 :func:`var_arch` and :func:`dense_records` (a synthetic dense record list for :func:`count_record_flops`).
@@ -91,7 +114,8 @@ __all__ = [
     "count_flops", "count_record_flops", "decode_flops", "flop_counter_mode", "gflops_vs_resolution",
     "measure_flops", "next_scale_schedule", "next_scale_transformer_flops", "next_token_transformer_flops",
     "register_cpu_sdpa_flop_formula", "register_family_formulas", "VAR_PATCH_NUMS_256", "VAR_PATCH_NUMS_512",
-    "INFINITY_SCHEDULE_1024", "dense_records", "infinity_arch", "infinity_text_len", "var_arch",
+    "INFINITY_SCHEDULE_1024", "dense_records", "hart_arch", "hart_diffusion_ops", "infinity_arch", "infinity_text_len",
+    "var_arch",
 ]
 
 VAR_PATCH_NUMS_256 = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
@@ -121,6 +145,16 @@ class ArchSpec:
     text_channels: int = 0  # Infinity: text-encoder width C_t (0: text pooling / projection not counted)
     mlp_gated: bool = False  # SwiGLU-style MLP (three matrices)
     param_bytes: int = 4  # element size of weights / activations (fp32 = 4, bf16 = 2)
+    # HART: the first scale runs the prefix_len + 1 context tokens (the loop's records count the 1 it samples from)
+    # and their keys stay in the cache; context_dim feeds context_embed; the residual diffusion head after the last
+    # scale (diff_steps = 0: not run)
+    prefix_len: int = 0
+    context_dim: int = 0
+    per_block_aln: bool = False  # HART's AdaLN variant (disable_aln=False): a 6C modulation per block
+    diff_width: int = 0
+    diff_depth: int = 0
+    diff_steps: int = 0
+    soft_codes: bool = False  # HART more_smooth: the latent gets softmax(·) @ codebook (2·B·N·V·C_vae per scale)
 
     @property
     def head_dim(self) -> int:
@@ -193,7 +227,39 @@ def dense_records(scale_hw, guidance: GuidanceMode = GuidanceMode.BOTH) -> list[
             for si, hw in enumerate(scale_hw)]
 
 
-ARCH_BUILDERS: dict[str, Callable] = {"var": _var_arch, "infinity": _infinity_arch}
+def hart_arch(cfg, tokenizer_phi_conv: tuple[bool, ...] = (), diff_steps: int | None = None,
+              param_bytes: int = 4, soft_codes: bool = False) -> ArchSpec:
+    """:class:`ArchSpec` of a HART architecture without building it (``cfg``: a
+    :class:`~var_core.models.hart.HARTConfig`, e.g. ``HART_0P7B``). ``diff_steps``: diffusion steps (default the
+    config's ``num_sampling_steps``; 0 = the discrete-only image). ``tokenizer_phi_conv`` empty: every scale but the
+    last applies a 3×3 Phi conv (``quant_resi = 0.5``; HART adds the last scale without Phi)."""
+    N = len(cfg.patch_nums)
+    phi = tuple(tokenizer_phi_conv) or tuple(si < N - 1 for si in range(N))
+    p = cfg.patch_nums[-1]
+    return ArchSpec(
+        family="hart", depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+        mlp_hidden=cfg.mlp_hidden, head_out=cfg.vocab_size, latent_channels=cfg.z_channels,
+        scale_hw=tuple((q, q) for q in cfg.patch_nums), latent_hw=(p, p), phi_conv=phi, mlp_gated=True,
+        param_bytes=param_bytes, prefix_len=cfg.context_token - 1, context_dim=cfg.context_dim,
+        per_block_aln=not cfg.disable_aln, diff_width=cfg.diff_width, diff_depth=cfg.diff_depth,
+        diff_steps=int(cfg.num_sampling_steps if diff_steps is None else diff_steps), soft_codes=soft_codes,
+    )
+
+
+def _hart_arch(adapter) -> ArchSpec:
+    """What our HART code computes. The diffusion steps are those of the adapter's latest generation
+    (``adapter.last_settings``; before any, the checkpoint's)."""
+    quantize = adapter.tokenizer.quantize
+    N = adapter.num_scales
+    phi = tuple(si < N - 1 and isinstance(quantize.quant_resi[quantize.phi_index(si)], torch.nn.Conv2d)
+                for si in range(N))
+    settings = getattr(adapter, "last_settings", None) or {}
+    steps = (settings.get("diffusion_steps") if settings.get("diffusion", True) else 0) if settings else None
+    return hart_arch(adapter.cfg, phi, steps, adapter.model.head.weight.element_size(),
+                     soft_codes=bool(settings.get("soft_codes", False)))
+
+
+ARCH_BUILDERS: dict[str, Callable] = {"var": _var_arch, "infinity": _infinity_arch, "hart": _hart_arch}
 
 
 def arch_from_adapter(adapter, **overrides) -> ArchSpec:
@@ -235,6 +301,7 @@ class FamilyFormulas:
     * ``embed(arch, scale, samples, n)`` — building scale ``scale``'s input (VAR: computed on ``B`` samples).
     * ``condition(arch, rows)`` — once per generation (AdaLN modulations, text projections, ...).
     * ``latent_update(arch, scale, samples)`` — accumulating the sampled scale into the latent.
+    * ``finish(arch, record, samples)`` — after the last scale, when it ran (HART's diffusion head); optional.
     """
 
     branch: Callable[[ArchSpec, str, int, int, int], dict[str, int]]
@@ -242,6 +309,7 @@ class FamilyFormulas:
     embed: Callable[[ArchSpec, int, int, int], dict[str, int]]
     condition: Callable[[ArchSpec, int], dict[str, int]]
     latent_update: Callable[[ArchSpec, int, int], dict[str, int]]
+    finish: Callable[[ArchSpec, ScaleRecord, int], dict[str, int]] | None = None
 
 
 # ops that stay on the padded row layout when a ragged selection's per-token work is packed (attention scores and
@@ -329,10 +397,66 @@ def _infinity_condition(arch: ArchSpec, rows: int) -> dict[str, int]:
     return ops
 
 
+def _hart_branch(arch: ArchSpec, branch: str, rows: int, n: int, kv_len: int) -> dict[str, int]:
+    if branch == "attn":
+        return _self_attention(arch, rows, n, kv_len)
+    if branch == "ffn":
+        return _mlp(arch, rows, n)  # SwiGLU: gate and up (2·C·2H_m), down
+    raise ValueError(f"HART blocks have branches 'attn' and 'ffn', not {branch!r}")
+
+
+def _hart_condition(arch: ArchSpec, rows: int) -> dict[str, int]:
+    C, T = arch.embed_dim, arch.prefix_len + 1
+    ops = {"context_embed": 2 * rows * T * arch.context_dim * C}
+    if arch.per_block_aln:
+        ops["adaln_modulation"] = 2 * rows * C * 6 * C * arch.depth
+    return ops
+
+
+def _hart_latent_update(arch: ArchSpec, scale: int, samples: int) -> dict[str, int]:
+    ops = {}
+    if arch.soft_codes:  # more_smooth: the Gumbel-softmax mixture of code vectors
+        h, w = arch.scale_hw[scale]
+        ops["soft_codes"] = 2 * samples * h * w * arch.head_out * arch.latent_channels
+    if scale < len(arch.scale_hw) - 1:  # the hybrid rule: the last scale's codes are added without Phi
+        ops.update(_var_latent_update(arch, scale, samples))
+    return ops
+
+
+def hart_diffusion_ops(arch: ArchSpec, rows: int, tokens: int, condition_rows: int | None = None
+                       ) -> dict[str, int]:
+    """The residual diffusion head: ``rows`` network rows (2B when guided: the net runs on ``[x_c ; x_c]`` with
+    both conditions) of ``tokens`` each, ``diff_steps`` steps; the condition ``word_embed`` on
+    ``condition_rows`` rows (default ``rows``)."""
+    W, D, C, c = arch.diff_width, arch.diff_depth, arch.embed_dim, arch.latent_channels
+    n = rows * tokens
+    per_step = {
+        "time_embed": 2 * n * (256 * W + W * W),
+        "cond_embed": 2 * n * C * W,
+        "input_proj": 2 * n * c * W,
+        "res_adaln": 2 * n * W * 3 * W * D,
+        "res_mlp": 2 * n * 2 * W * W * D,
+        "final": 2 * n * W * 2 * W + 2 * n * W * 2 * c,
+    }
+    ops = {op: v * arch.diff_steps for op, v in per_step.items()}
+    ops["condition_word_embed"] = 2 * (condition_rows if condition_rows is not None else rows) * tokens * c * C
+    return ops
+
+
+def _hart_finish(arch: ArchSpec, record: ScaleRecord, samples: int) -> dict[str, int]:
+    if arch.diff_steps <= 0:
+        return {}
+    h, w = record.hw
+    R = _rows_for(record.guidance, samples)
+    net_rows = R if record.guidance is GuidanceMode.BOTH else samples  # unguided: the computed half only
+    return hart_diffusion_ops(arch, net_rows, h * w, condition_rows=R)
+
+
 FAMILY_FORMULAS: dict[str, FamilyFormulas] = {
     "var": FamilyFormulas(_var_branch, _var_head, _var_embed, _var_condition, _var_latent_update),
     "infinity": FamilyFormulas(_infinity_branch, _var_head, _var_embed, _infinity_condition,
                                lambda arch, scale, samples: {}),
+    "hart": FamilyFormulas(_hart_branch, _var_head, _var_embed, _hart_condition, _hart_latent_update, _hart_finish),
 }
 
 
@@ -447,7 +571,7 @@ def count_record_flops(
         attn_index = arch.branches.index("attn")
     except ValueError:
         attn_index = None
-    kv_len = [0] * arch.depth
+    kv_len = [arch.prefix_len] * arch.depth  # HART: the context tokens other than the sampled one
     for record in records:
         if record.skipped:
             continue
@@ -463,6 +587,8 @@ def count_record_flops(
             if attn_index is not None:
                 kv_len[block] += counts[attn_index]
             packed = record.packed_tokens[block] if record.packed_tokens else (None,) * len(counts)
+            if si == 0 and arch.prefix_len:  # the first scale runs every context token
+                counts = tuple(n + arch.prefix_len for n in counts)
             for branch, n, total in zip(arch.branches, counts, packed):
                 L = kv_len[block] if branch == "attn" else (arch.text_len if branch == "cross" else 0)
                 ops = formulas.branch(arch, branch, R, n, kv_len[block])
@@ -477,6 +603,10 @@ def count_record_flops(
                 report.add(si, block, "lens", formulas.head(arch, rows, N), rows, N)
         report.add(si, -1, "head", formulas.head(arch, R, N), R, N)
         report.add(si, -1, "latent_update", formulas.latent_update(arch, si, batch_size), batch_size, N)
+        if formulas.finish is not None and si == len(arch.scale_hw) - 1:
+            ops = formulas.finish(arch, record, batch_size)
+            if ops:
+                report.add(si, -1, "diffusion", ops, _rows_for(record.guidance, batch_size), N)
     return report
 
 
@@ -580,6 +710,19 @@ def _infinity_decode_flops(adapter, batch_size: int) -> int:
 
 
 DECODE_FLOPS["infinity"] = _infinity_decode_flops
+
+
+def _hart_decode_flops(adapter, batch_size: int) -> int:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    p = adapter.cfg.patch_nums[-1]
+    with flop_counter_mode() as counter, FakeTensorMode(allow_non_fake_inputs=True):
+        f_hat = torch.empty(batch_size, adapter.cfg.z_channels, p, p, device=adapter.device)
+        adapter.tokenizer.fhat_to_img(f_hat)
+    return int(counter.get_total_flops())
+
+
+DECODE_FLOPS["hart"] = _hart_decode_flops
 
 
 def decode_flops(adapter, batch_size: int) -> int:

@@ -70,6 +70,9 @@ class MemoryReport:
     scales: list[ScaleMemory] = field(default_factory=list)
     weight_bytes: int = 0
     source: str = "analytic"
+    # HART: the parts reported separately (transformer / diffusion head / tokenizer weights, the diffusion head's
+    # largest live activations after the last scale); empty for the other families
+    components: dict = field(default_factory=dict)
 
     def frame(self):
         import pandas as pd
@@ -82,8 +85,11 @@ class MemoryReport:
         return max((s.peak_bytes for s in self.scales), default=0)
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "weight_bytes": self.weight_bytes, "peak_bytes": self.peak_bytes,
-                "scales": [s.__dict__ for s in self.scales]}
+        out = {"source": self.source, "weight_bytes": self.weight_bytes, "peak_bytes": self.peak_bytes,
+               "scales": [s.__dict__ for s in self.scales]}
+        if self.components:
+            out["components"] = dict(self.components)
+        return out
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
@@ -101,6 +107,8 @@ class PeakMemoryTracer(Tracer):
         self.active = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
         self.device = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if self.active else torch.device("cpu"))
+        if self.active and self.device.index is None:  # "cuda": the current device, named once
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self._start: dict[int, int] = {}
         self.scales: list[ScaleMemory] = []
 
@@ -146,10 +154,15 @@ def analytic_memory(
             attention); their ``[R, H, n, L]`` score tensor counts as an activation.
         weights: weight bytes to add (default: the adapter's transformer + VQVAE parameters; 0 for an ArchSpec).
     """
+    components: dict = {}
     if isinstance(adapter_or_arch, ArchSpec):
         arch, weights = adapter_or_arch, (weights or 0)
     else:
         arch = arch_from_adapter(adapter_or_arch)
+        if arch.family == "hart":
+            components = hart_weight_bytes(adapter_or_arch)
+            if weights is None:
+                weights = sum(components.values())
         if weights is None:
             weights = weight_bytes(adapter_or_arch.var) + weight_bytes(adapter_or_arch.vae) \
                 if hasattr(adapter_or_arch, "var") else 0
@@ -160,11 +173,11 @@ def analytic_memory(
     except ValueError:
         attn_index = None
     eager_attention = eager_attention or {}
-    kv_len = [0] * arch.depth
+    kv_len = [arch.prefix_len] * arch.depth  # HART: the context tokens (the first scale's loop token excluded)
     reserved_rows = [0] * arch.depth  # rows of each block's buffers at its first append (kept after a row drop:
     # KVCache.select_rows slices views, so the storage is not released)
-    L_max = arch.total_tokens
-    report = MemoryReport(weight_bytes=weights, source="analytic")
+    L_max = arch.total_tokens + arch.prefix_len
+    report = MemoryReport(weight_bytes=weights, source="analytic", components=dict(components))
     for record in records:
         if record.skipped:
             continue
@@ -172,6 +185,9 @@ def analytic_memory(
         N = record.hw[0] * record.hw[1]
         R = _rows(record.guidance, batch_size)
         kept = record.kept_tokens or tuple((N,) * len(arch.branches) for _ in range(arch.depth))
+        if si == 0 and arch.prefix_len:  # HART's first scale runs every context token
+            kept = tuple(tuple(n + arch.prefix_len for n in counts) for counts in kept)
+            N = N + arch.prefix_len
         max_n = max((n for counts in kept for n in counts), default=N)
         scores = 0
         eager = set(eager_attention.get(si, ()))
@@ -199,4 +215,25 @@ def analytic_memory(
             qkv_bytes=sizes["qkv"], mlp_hidden_bytes=sizes["mlp_hidden"], attn_scores_bytes=sizes["attn_scores"],
             logits_bytes=sizes["logits"], largest_activation=largest, largest_activation_bytes=sizes[largest],
         ))
+        if arch.diff_steps > 0 and si == len(arch.scale_hw) - 1:
+            report.components["diffusion_activation_bytes"] = hart_diffusion_activation_bytes(
+                arch, R if record.guidance is GuidanceMode.BOTH else batch_size, N, e)
     return report
+
+
+def hart_weight_bytes(adapter) -> dict[str, int]:
+    """HART's weights by part: the transformer without its diffusion head, the diffusion head, the tokenizer."""
+    model = adapter.model
+    diffusion = weight_bytes(model.diffloss)
+    return {"transformer_weight_bytes": weight_bytes(model) - diffusion, "diffusion_weight_bytes": diffusion,
+            "tokenizer_weight_bytes": weight_bytes(adapter.tokenizer)}
+
+
+def hart_diffusion_activation_bytes(arch: ArchSpec, rows: int, tokens: int, e: int) -> int:
+    """The diffusion head's largest live set during one step, ``n = rows·tokens`` net rows: the conditions ``[n, C]``
+    and ``y``, ``h``, the block's modulation ``[n, 3W]`` and MLP hidden ``[n, W]``, the output ``[n, 2·C_vae]`` and
+    the running ``x`` ``[n, C_vae]`` (the condition embedding is recomputed at every step, as in the official
+    ``forward``)."""
+    n = rows * tokens
+    W, C, c = arch.diff_width, arch.embed_dim, arch.latent_channels
+    return n * (C + 3 * W + 3 * W + 3 * c) * e

@@ -102,7 +102,7 @@ class _TimedSpan:
             event = torch.cuda.Event(enable_timing=True)
             entry[8] = event
             entry[6] = _perf_ns()
-            event.record()
+            event.record(timer._stream)
         else:
             entry[6] = _perf_ns()
         return self
@@ -112,7 +112,7 @@ class _TimedSpan:
         entry = timer._raw[self._index]
         if timer._cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(timer._stream)
             entry[7] = _perf_ns()
             entry[9] = event
         else:
@@ -134,7 +134,10 @@ class ComponentTimer(Tracer):
 
     Args:
         device: the device the model runs on; CUDA events are used when it is a CUDA device (or, when not
-            given, whenever CUDA is available). CUDA calls are guarded by ``torch.cuda.is_available()``.
+            given, whenever CUDA is available). CUDA calls are guarded by ``torch.cuda.is_available()``. Events are
+            recorded on that device's current stream (the one its kernels are queued on, also when it is not the
+            current device, e.g. ``cuda:1`` from a process whose current device is ``cuda:0``), and
+            :meth:`finalize` synchronises that device.
     """
 
     enabled = True
@@ -142,6 +145,12 @@ class ComponentTimer(Tracer):
     def __init__(self, device: torch.device | str | None = None):
         self._cuda = cuda_timing_available(device)
         self.device_kind = "cuda-events" if self._cuda else "cpu-perf_counter"
+        self._cuda_device = None
+        self._stream = None
+        if self._cuda:
+            dev = torch.device(device) if device is not None else torch.device("cuda")
+            self._cuda_device = dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+            self._stream = torch.cuda.current_stream(self._cuda_device)
         self.reset()
 
     # ----- Tracer protocol ---------------------------------------------------------------------------------
@@ -159,7 +168,7 @@ class ComponentTimer(Tracer):
             event = torch.cuda.Event(enable_timing=True)
             entry[4] = event
             entry[2] = _perf_ns()
-            event.record()
+            event.record(self._stream)
         else:
             entry[2] = _perf_ns()
 
@@ -167,7 +176,7 @@ class ComponentTimer(Tracer):
         entry = self._scale_raw[-1] if self._scale_raw else None
         if self._cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(self._stream)
             t1 = _perf_ns()
         else:
             event, t1 = None, _perf_ns()
@@ -196,7 +205,7 @@ class ComponentTimer(Tracer):
         if self._stack:
             raise RuntimeError(f"{len(self._stack)} span(s) still open: finalize after generate() returns")
         if self._cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self._cuda_device)
         inclusive, host = [], []
         for entry in self._raw:
             host_ms = (entry[7] - entry[6]) / 1e6

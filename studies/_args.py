@@ -6,10 +6,11 @@ Everything here fails before anything is loaded or generated, in one line (see :
   --samples: must be >= 2, got -1``) instead of a usage block;
 * ``type=`` functions — :func:`positive_int`, :func:`non_negative_int`, :func:`at_least`, :func:`positive_float`,
   :func:`threads_setting`, :func:`preset_name`, :func:`model_name`, :func:`existing_path`, :func:`results_folder`,
-  :func:`output_file`, :func:`accelerator`, :func:`torch_device`;
+  :func:`output_file`, :func:`accelerator`, :func:`devices_setting`, :func:`torch_device`;
 * :func:`check_args` — the same types applied after parsing to options declared elsewhere
   (:func:`check_evaluation_args` for the shared evaluation options);
-* :func:`check_devices` — ``--devices`` against the GPUs this machine has;
+* :func:`check_devices` — ``--devices`` / ``--num-nodes`` / ``--strategy`` against the GPUs this machine has and what
+  launched the process (:func:`var_core.eval.distributed.resolve_launch`, the same decision the run makes);
 * :func:`lightning_interrupts` — Lightning turns Ctrl-C into ``sys.exit(1)``; this turns it back into
   ``KeyboardInterrupt`` so that the entry point reports what was kept and exits 130.
 """
@@ -170,6 +171,17 @@ def accelerator(text: str) -> str:
     return name
 
 
+def devices_setting(text) -> int | str | list[int]:
+    """``--devices`` in Lightning's forms: a number of processes per node (``2``), ``auto``, ``-1`` (every GPU) or
+    GPU indices (``0,1``; ``3,`` is the single GPU 3)."""
+    from var_core.eval.distributed import parse_devices
+
+    try:
+        return parse_devices(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--devices: ")) from None
+
+
 def torch_device(text: str) -> str:
     """A torch device string (``cpu``, ``cuda``, ``cuda:1``) that exists on this machine."""
     import torch
@@ -191,15 +203,13 @@ def torch_device(text: str) -> str:
     return str(text).strip()
 
 
-def check_devices(accelerator_name: str, devices: int) -> None:
-    """``--devices N`` with ``--accelerator gpu``: this machine must have N GPUs."""
-    import torch
+def check_devices(accelerator_name: str, devices, num_nodes: int = 1, strategy: str = "auto") -> None:
+    """``--devices`` (any Lightning form), ``--num-nodes`` and ``--strategy`` must fit this machine and its launch
+    (GPU count and indices; torchrun / SLURM process counts): the run's own decision, taken here first so that a
+    misfit fails before anything is loaded."""
+    from var_core.eval.distributed import resolve_launch
 
-    if accelerator_name in ("gpu", "cuda"):
-        count = torch.cuda.device_count()
-        if devices > count:
-            raise UserError(f"--devices {devices}: this machine has {count} CUDA GPU(s); use --devices {count} or "
-                            f"fewer, or --accelerator cpu (DDP processes on the CPU)")
+    resolve_launch(accelerator_name, devices, num_nodes, strategy)
 
 
 # ----- after parsing ------------------------------------------------------------------------------------------

@@ -6,16 +6,20 @@ from __future__ import annotations
 import argparse
 import os
 
+from studies._model_cli import add_model_arguments, model_settings
+
 THREADS_NOTE = ("on a shared CPU use 1: with 2 threads and other processes on the 2 cores, OpenMP spin-waiting "
                 "made generation 20-70x slower here (MEASURED: 100 %% system time)")
 
 
 def add_evaluation_arguments(p: argparse.ArgumentParser, unit: str, threads_default: str) -> None:
-    """``--model --weights --samples --batch-size --warmup --no-paired-timing --timing-repeats --classifier
-    --threads``; ``unit`` names what one evaluation is ("trial", "point")."""
+    """``--model --samples --batch-size --warmup --no-paired-timing --timing-repeats --classifier --threads`` and
+    the options of :func:`studies._model_cli.add_model_arguments` (``--weights`` … ``--save-images``); ``unit``
+    names what one evaluation is ("trial", "point")."""
     p.add_argument("--model", default=None, help="model (default: testbed when its weights are shipped, else "
                                                   "official-tiny)")
-    p.add_argument("--weights", default=None)
+    add_model_arguments(p)  # --weights --vae-weights --text-encoder --cfg --top-k --top-p --temperature --prompts
+    #                          --save-images (studies._model_cli)
     p.add_argument("--samples", type=int, default=32, help=f"samples per {unit} (default 32)")
     p.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     p.add_argument("--warmup", type=int, default=1)
@@ -34,7 +38,8 @@ def evaluation_settings(args: argparse.Namespace, threads: int | None):
 
     return EvalSettings(model=args.model, weights=args.weights, samples=args.samples, batch_size=args.batch_size,
                         seed=args.seed, warmup=args.warmup, classifier=args.classifier,
-                        paired_timing=not args.no_paired_timing, timing_repeats=args.timing_repeats, threads=threads)
+                        paired_timing=not args.no_paired_timing, timing_repeats=args.timing_repeats, threads=threads,
+                        **model_settings(args))
 
 
 def wandb_mode(choice: str | None) -> str:

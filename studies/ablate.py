@@ -4,10 +4,14 @@
     python -m studies.ablate linkage --samples 128 --set schedule.tau=0.7
     python -m studies.ablate options --method ldpruning --wandb disabled
     python -m studies.ablate ls                           # families, components per registry, presets
+    python -m studies.ablate ls families                  # each family, the paper table it reproduces, its arms
+    python -m studies.ablate ls presets                   # each preset's description and resolved setting
+    python -m studies.ablate ls metrics --clip-weights DIR  # every metric: direction, weights, can it run here
     python -m studies.ablate validate                     # build + run every arm of every family on official-tiny
 
 Re-running with the same ``--out`` reuses the finished arms (same config, model, sampling and samples) and computes
-only the missing ones. Families: scorer, activation, linkage, cache, guidance, extractor, method, options.
+only the missing ones. Families: scorer, activation, linkage, cache, guidance, extractor, method, options, depth,
+criterion.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import argparse
 import os
 import sys
 
-from studies._args import (ArgumentParser, accelerator, at_least, check_devices, existing_path, lightning_interrupts,
-                           model_name, non_negative_int, positive_int, preset_name, results_folder, threads_setting)
+from studies._args import (ArgumentParser, accelerator, at_least, check_devices, devices_setting, existing_path,
+                           lightning_interrupts, model_name, non_negative_int, positive_int, preset_name,
+                           results_folder, threads_setting)
 from studies._cli import note_results_folder, run_cli
+from studies._model_cli import add_model_arguments, model_settings
 
 
 def _families() -> list[str]:
@@ -31,10 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m studies.ablate", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", help="an ablation family, 'ls' or 'validate'")
+    parser.add_argument("topic", nargs="?", default=None,
+                        help="ls only: families, components or presets (default: all of them)")
     parser.add_argument("--model", default=None, type=model_name,
                         help="model name (default: testbed when its weights are shipped, else official-tiny)")
-    parser.add_argument("--weights", default=None, type=existing_path,
-                        help="local weights (file or folder) for --model")
+    add_model_arguments(parser)  # --weights --vae-weights --text-encoder --cfg --top-k --top-p --temperature
+    #                               --prompts --save-images (studies._model_cli)
     parser.add_argument("--samples", type=at_least(2, "(confidence intervals need spread)"), default=64,
                         help="samples per arm (default 64)")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="generation batch size (default 16)")
@@ -44,8 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "to resume")
     parser.add_argument("--accelerator", default="cpu", type=accelerator,
                         help="Lightning accelerator: cpu, gpu, auto (default cpu)")
-    parser.add_argument("--devices", type=positive_int, default=1, help="processes / devices (DDP when > 1)")
-    parser.add_argument("--strategy", default="auto", help="Lightning strategy (auto: ddp_spawn when devices > 1)")
+    parser.add_argument("--devices", type=devices_setting, default=1,
+                        help="processes per node (DDP when > 1), auto, -1 (every GPU) or GPU indices (0,1; 3, is GPU "
+                             "3); under torchrun / SLURM the launcher's process count (leave it out)")
+    parser.add_argument("--num-nodes", type=positive_int, default=1,
+                        help="machines (default 1): with --strategy ddp run the same command on every node with "
+                             "MASTER_ADDR, MASTER_PORT and NODE_RANK set; torchrun / SLURM set it themselves")
+    parser.add_argument("--strategy", default="auto",
+                        help="Lightning strategy: auto (ddp_spawn when devices > 1 on one node, ddp on several "
+                             "nodes or under torchrun / SLURM), ddp (every process runs this command; rank 0 writes "
+                             "the results), ddp_spawn")
     parser.add_argument("--wandb", choices=("offline", "online", "disabled"), default=None,
                         help="W&B mirror of the results (default: $WANDB_MODE if set, else offline)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -72,6 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="local Inception-v3 weights for standard FID (never downloaded)")
     parser.add_argument("--clip-weights", default=None, type=existing_path,
                         help="local CLIP model folder for CLIP score")
+    parser.add_argument("--image-reward-weights", default=None, type=existing_path,
+                        help="ImageReward.pt (or its folder, with a bert-base-uncased/ tokenizer folder beside it)")
+    parser.add_argument("--hps-weights", default=None, type=existing_path,
+                        help="HPS_v2.1_compressed.pt (or its folder, with a CLIP tokenizer/ folder beside it)")
+    parser.add_argument("--lpips-backbone", default=None, type=existing_path,
+                        help="LPIPS backbone weights (torchvision alexnet/vgg16 `features.N.*` layout) for LPIPS "
+                             "against the baseline (never downloaded)")
+    parser.add_argument("--lpips-lin", default=None, type=existing_path,
+                        help="LPIPS linear layers (the lpips package's v0.1 `alex.pth` / `vgg.pth`)")
+    parser.add_argument("--lpips-net", default="alex", choices=("alex", "vgg"), help="LPIPS backbone (default alex)")
+    parser.add_argument("--fid-protocol", default=None, choices=("torch-fidelity", "pytorch-fid", "torchmetrics"),
+                        help="input pipeline of the FID Inception network (default torch-fidelity, the ADM "
+                             "evaluator's TF graph that VAR's numbers come from; named in every record)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--no-plots", action="store_true", help="skip the plots")
     parser.add_argument("--max-scales", type=positive_int, default=None,
@@ -80,29 +109,84 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_ls() -> int:
-    from ablations.base import FAMILIES, build_arms, family_names
-    from var_core.accel.presets import PRESETS, preset_summary
-    from var_core.accel.registry import REGISTRIES
+LS_TOPICS = ("families", "components", "presets", "metrics")
+
+
+def _ls_families() -> None:
+    from ablations.base import build_arms, family_info, family_names
 
     print("Ablation families (python -m studies.ablate FAMILY):")
     for name in family_names():
-        _, doc = FAMILIES[name]
+        info = family_info(name)
+        print(f"  {name:<11} {info.doc}")
+        print(f"  {'':<11} reproduces: {info.table or 'no paper table (beyond the papers)'}")
         try:
             arms = build_arms(name)
-            bad = [a.name for a in arms if not a.ok]
-            extra = f"; unavailable: {', '.join(bad)}" if bad else ""
-            print(f"  {name:<11} {doc}\n  {'':<11} arms: {', '.join(a.name for a in arms)}{extra}")
+            bad = [a for a in arms if not a.ok]
+            print(f"  {'':<11} arms: {', '.join(a.name for a in arms)}")
+            for arm in bad:
+                print(f"  {'':<11} unavailable: {arm.name}: {arm.error}")
         except Exception as exc:  # noqa: BLE001
-            print(f"  {name:<11} {doc}\n  {'':<11} ERROR building arms: {exc}")
-    print("\nComponents per registry:")
+            print(f"  {'':<11} ERROR building arms: {exc}")
+        if info.analysis is not None:
+            doc = (info.analysis.__doc__ or "").strip().splitlines()
+            print(f"  {'':<11} analysis: {doc[0] if doc else info.analysis.__name__}")
+
+
+def _ls_components() -> None:
+    from var_core.accel.registry import REGISTRIES
+
+    print("Components per registry:")
     for kind, registry in REGISTRIES.items():
         print(f"  {kind}:")
         for name in registry.names():
             print(f"    {name:<20} {registry.summary(name)}")
-    print("\nPresets:")
-    for name in PRESETS:
-        print(f"  {name:<11} {preset_summary(name)}")
+
+
+def _ls_presets() -> None:
+    import inspect
+
+    from var_core.accel import presets
+
+    resolved = getattr(presets, "resolved_settings", None)
+    print("Presets (python -m studies.ablate method runs them all):")
+    for name, fn in presets.PRESETS.items():
+        doc = inspect.cleandoc(fn.__doc__ or "").splitlines() or [""]
+        print(f"  {name}")
+        for line in doc:
+            print(f"      {line}".rstrip())
+        if resolved is not None:
+            try:
+                settings = resolved(name)
+            except Exception as exc:  # noqa: BLE001 - reported, the listing goes on
+                settings = {"*": f"cannot resolve: {type(exc).__name__}: {exc}"}
+            print("      resolved setting per model family:")
+            for family, text in settings.items():
+                print(f"        {family}: {text}")
+        print()
+
+
+def _ls_metrics(args=None) -> None:
+    """Every metric (var_core.eval.metric_registry): direction, proxy flag, weights source, what enables it and
+    whether it can run with the weights given on this command line."""
+    from var_core.eval.metric_registry import describe_metrics
+
+    print("\n".join(describe_metrics(args)))
+
+
+def cmd_ls(topic: str | None = None, args=None) -> int:
+    """``ls`` (everything), ``ls families`` (each with the paper table it reproduces and its arms), ``ls components``,
+    ``ls presets`` (each preset's full description and its resolved setting per model family)."""
+    from var_core.errors import UserError, did_you_mean
+
+    if topic is not None and topic not in LS_TOPICS:
+        raise UserError(f"unknown ls topic {topic!r}.{did_you_mean(topic, LS_TOPICS)} Topics: {', '.join(LS_TOPICS)}")
+    shown = [t for t in LS_TOPICS if topic in (None, t)]
+    for i, t in enumerate(shown):
+        if i:
+            print()
+        {"families": _ls_families, "components": _ls_components, "presets": _ls_presets,
+         "metrics": lambda: _ls_metrics(args)}[t]()
     return 0
 
 
@@ -129,12 +213,15 @@ def cmd_family(args) -> int:
     options = StudyOptions(
         family=args.command, model=args.model, weights=args.weights, samples=args.samples,
         batch_size=args.batch_size, seed=args.seed, out=args.out, accelerator=args.accelerator,
-        devices=args.devices, strategy=args.strategy, wandb=wandb_mode, overrides=tuple(args.overrides),
+        devices=args.devices, num_nodes=args.num_nodes, strategy=args.strategy, wandb=wandb_mode,
+        overrides=tuple(args.overrides),
         method=args.method, warmup=args.warmup, progress=not args.no_progress, dtype=args.dtype,
         arms=tuple(a.strip() for a in args.arms.split(",")) if args.arms else None,
         inception_weights=args.inception_weights, clip_weights=args.clip_weights, classifier=args.classifier,
-        plots=not args.no_plots, threads=args.threads, timing_rounds=args.timing_rounds,
-        timing_batch=args.timing_batch)
+        image_reward_weights=args.image_reward_weights, hps_weights=args.hps_weights, lpips_backbone=args.lpips_backbone,
+        lpips_lin=args.lpips_lin, lpips_net=args.lpips_net, fid_protocol=args.fid_protocol, plots=not args.no_plots,
+        threads=args.threads, timing_rounds=args.timing_rounds,
+        timing_batch=args.timing_batch, **model_settings(args))
     try:
         plan = plan_study(options)
     except (OverrideError, ValueError, KeyError) as exc:
@@ -167,6 +254,11 @@ def cmd_family(args) -> int:
     if grids:
         print(f"  sample grids : {result.out_dir / 'grids'} ({len(grids)} files; overview.png: one row per arm, "
               f"same seeds)")
+    if options.save_images is not None:
+        from ablations.runner import images_root
+
+        print(f"  images       : {images_root(options.save_images, result.out_dir) / 'images'}/<arm>/ (flat/, "
+              f"geneval/ or samples.npz, samples.jsonl)")
     if o.get("wandb"):
         print(f"  W&B ({options.wandb}) : {o['wandb']}" + ("  (sync later: wandb sync " + o["wandb"] + ")"
                                                           if options.wandb == "offline" else ""))
@@ -180,7 +272,12 @@ def cmd_family(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "ls":
-        return cmd_ls()
+        return cmd_ls(args.topic, args)
+    if args.topic is not None:
+        from var_core.errors import UserError
+
+        raise UserError(f"unexpected argument {args.topic!r} after {args.command!r} (only 'ls' takes a topic: "
+                        f"{', '.join(LS_TOPICS)})")
     if args.command == "validate":
         return cmd_validate(args)
     families = _families()
@@ -192,7 +289,7 @@ def main(argv=None) -> int:
         print(f"error: unknown command {args.command!r}.{hint} Use a family ({', '.join(families)}), 'ls' or "
               f"'validate'.", file=sys.stderr)
         return 2
-    check_devices(args.accelerator, args.devices)
+    check_devices(args.accelerator, args.devices, args.num_nodes, args.strategy)
     return cmd_family(args)
 
 

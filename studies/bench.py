@@ -17,15 +17,16 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from studies._args import ArgumentParser, model_name, positive_int, preset_name
 from studies._cli import run_cli
+from studies._model_cli import add_model_arguments
 from var_core.engine import GenerationOptions, Policy, SamplingConfig, ScalePlan, Tracer, generate
 from var_core.engine.reference_loop import reference_generate
-from var_core.models.zoo import load_model
 
 
 class ScaleClock(Tracer):
@@ -82,9 +83,54 @@ def environment_line(adapter, batch_size: int) -> str:
             f"threads={torch.get_num_threads()} torch={torch.__version__} dtype=float32 attention=sdpa")
 
 
+def load_bench_model(args):
+    """The model of ``--model`` with ``--weights --vae-weights --text-encoder`` (studies._model_cli)."""
+    from ablations.runner import load_study_model
+
+    return load_study_model(args.model, getattr(args, "weights", None), vae_weights=getattr(args, "vae_weights", None),
+                            text_encoder=getattr(args, "text_encoder", None), seed=args.seed)
+
+
+def bench_sampling(args, sampling: SamplingConfig) -> SamplingConfig:
+    """``sampling`` with ``--cfg --top-k --top-p --temperature`` applied."""
+    import dataclasses
+
+    from ablations.runner import sampling_overrides
+    from var_core.errors import UserError
+
+    overrides = sampling_overrides(args)
+    try:
+        return dataclasses.replace(sampling, **overrides) if overrides else sampling
+    except ValueError as exc:
+        raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
+
+
+def save_bench_images(args, adapter, arm: str, conditions, seeds, sampling, policy=None, prompt_set=None) -> None:
+    """``--save-images [DIR]``: one untimed, decoded generation (same conditions and seeds as the timed ones),
+    written in the evaluators' layouts under DIR or ``results/bench/<command>_<model>/``."""
+    if getattr(args, "save_images", None) is None:
+        return
+    from ablations.runner import images_root
+    from var_core.eval.export import export_images
+    from var_core.eval.lightning import ConditionSet
+
+    result = generate(adapter, conditions, seeds, sampling, policy=policy, options=GenerationOptions(decode=True))
+    meta = None
+    if prompt_set is not None:  # the prompt file's tags, categories and GenEval lines
+        condition_set, meta = prompt_set.conditions(len(seeds)), prompt_set.geneval_metadata
+    elif isinstance(conditions, torch.Tensor):
+        condition_set = ConditionSet(tuple(int(v) for v in conditions.tolist()))
+    else:
+        condition_set = ConditionSet.from_prompts(list(conditions))
+    default = Path("results") / "bench" / f"{args.what}_{str(args.model).replace(':', '-')}"
+    out = export_images(images_root(args.save_images, default), arm, result.images, condition_set, seeds=seeds,
+                        prompt_metadata=meta)
+    print(f"# images: {out['images']} PNGs of {arm} in {out['folder']}", file=sys.stderr)
+
+
 def bench_engine(args) -> int:
-    adapter = load_model(args.model, seed=args.seed)
-    sampling = SamplingConfig(cfg=1.5, top_k=900, top_p=0.96)
+    adapter = load_bench_model(args)
+    sampling = bench_sampling(args, SamplingConfig(cfg=1.5, top_k=900, top_p=0.96))
     options = GenerationOptions(check_finite=False, decode=args.with_decode, keep_raw_logits=False)
     from var_core.accel import PolicyConfig, build_policy
 
@@ -130,6 +176,7 @@ def bench_engine(args) -> int:
         engine_ratio = statistics.median(times["engine, empty slots"]) / ref
         print(f"engine_vs_reference={engine_ratio:.3f} half_prune_time_ratio={half_t / dense_t:.3f} "
               f"half_prune_flops_ratio={flops_ratio:.3f}")
+        save_bench_images(args, adapter, f"engine_b{batch_size}", labels, seeds, sampling)
     return 0
 
 
@@ -167,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     eng.add_argument("--repeats", type=positive_int, default=3)
     eng.add_argument("--seed", type=int, default=0)
     eng.add_argument("--with-decode", action="store_true", help="include the VQ decoder in the timed region")
+    # the engine bench compares against the VAR reference loop: class labels only, so no --prompts
+    add_model_arguments(eng, prompts=False)
     pre = sub.add_parser("presets", help="every preset vs baseline (FLOPs, wall clock, entropy overhead)")
     pre.add_argument("--model", default="testbed", type=model_name)
     pre.add_argument("--batch-size", type=positive_int, default=1)
@@ -175,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--presets", nargs="*", default=None, type=preset_name)
     pre.add_argument("--threads", type=positive_int, default=None,
                      help="torch intra-op threads (default: torch's own; 1 gives the steadiest ratios on a shared CPU)")
+    add_model_arguments(pre)  # --weights --vae-weights --text-encoder --cfg --top-k --top-p --temperature --prompts
+    #                            --save-images (studies._model_cli)
     args = parser.parse_args(argv)
     if args.what == "engine":
         return bench_engine(args)

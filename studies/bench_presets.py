@@ -29,7 +29,6 @@ from studies.bench import environment_line, interleaved_medians
 from var_core.accel import build_policy
 from var_core.accel.presets import PRESETS, get_preset
 from var_core.engine import GenerationOptions, SamplingConfig, generate
-from var_core.models.zoo import load_model
 
 TOKEN_PRUNING = ("nova", "fastvar", "ldpruning", "toprovar", "sparsevar", "stagevar")
 SCORING_SPANS = ("accel/scorer", "accel/entropy")
@@ -43,14 +42,23 @@ def _progress(message: str) -> None:
 def bench_presets(args) -> int:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
-    adapter = load_model(args.model, seed=args.seed)
-    sampling = getattr(adapter, "default_sampling", SamplingConfig())
+    from studies.bench import bench_sampling, load_bench_model, save_bench_images
+
+    adapter = load_bench_model(args)
+    sampling = bench_sampling(args, getattr(adapter, "default_sampling", SamplingConfig()))
     options = GenerationOptions(check_finite=False, decode=False, keep_raw_logits=True)
     names = args.presets or sorted(PRESETS)
     if "baseline" not in names:
         names = ["baseline"] + names
     B = args.batch_size
     labels = torch.arange(B) % adapter.cfg.num_classes
+    prompt_set = None
+    if getattr(args, "prompts", None) is not None:  # text-to-image prompt set: sample i on prompt i mod P
+        from studies.latency import conditions_for
+        from var_core.eval.prompts import load_prompt_set
+
+        prompt_set = load_prompt_set(args.prompts)
+        labels = conditions_for(adapter, B, 0, prompt_set)
     seeds = list(range(1000, 1000 + B))
     policies = {name: build_policy(get_preset(name)) for name in names}
     print(environment_line(adapter, B))
@@ -93,6 +101,8 @@ def bench_presets(args) -> int:
         tokens = results[name].computed_tokens_per_scale()
         print(f"{name:10s} {f_ratio:11.3f} {ideal:8.2f} {t:8.3f} {t / base_t:10.3f} {measured:10.2f} "
               f"{ratios[name]:10.2f} {100 * scoring_share[name]:8.2f}% {100 * lens_share[name]:6.2f}%  {tokens}")
+    for name in names:  # --save-images: one untimed decoded generation per preset, after the measurements
+        save_bench_images(args, adapter, f"{name}_b{B}", labels, seeds, sampling, policies[name], prompt_set)
     pruning = [n for n in names if n in TOKEN_PRUNING and flops[n] < 0.99 * base_f]
     worst = min((ratios[n] for n in pruning), default=float("nan"))
     entropy = scoring_share.get("nova", float("nan"))

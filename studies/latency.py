@@ -50,9 +50,10 @@ from typing import Any
 
 import torch
 
-from studies._args import (ArgumentParser, existing_path, model_name, non_negative_int, positive_int, preset_name,
-                           results_folder, torch_device)
+from studies._args import (ArgumentParser, model_name, non_negative_int, positive_int, preset_name, results_folder,
+                           torch_device)
 from studies._cli import run_cli
+from studies._model_cli import add_model_arguments, model_settings
 from var_core.errors import UserError
 
 # entropy work: the components' scoring spans (studies.bench_presets.SCORING_SPANS) plus NOVA's lens projection
@@ -84,6 +85,15 @@ class LatencySettings:
     breakdown_scale: int | None = None  # default: the last scale
     plots: bool = True
     all_breakdowns: bool = False  # per-method breakdown figures for the throughput batch too
+    # real checkpoints, sampling and prompts (studies._model_cli); None: the model's own default
+    vae_weights: str | None = None
+    text_encoder: str | None = None
+    cfg: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
+    prompts: str | None = None  # Infinity: a prompt file (sample i: prompt i mod P) instead of PROMPTS
+    save_images: bool | str | None = None  # the untimed reference generation's images, images/<method>_b<B>/
 
 
 @dataclass
@@ -155,12 +165,68 @@ def resolve_sampling(adapter, model: str, weights: str | None):
     return SamplingConfig()
 
 
-def conditions_for(adapter, batch: int, seed: int):
-    """Prompts (Infinity: the text encoder runs inside the timed call, in its own span) or class labels."""
+def _with_overrides(sampling, settings: LatencySettings):
+    """``--cfg --top-k --top-p --temperature`` over the model's default sampling."""
+    from ablations.runner import sampling_overrides
+
+    overrides = sampling_overrides(settings)
+    if not overrides:
+        return sampling
+    try:
+        return dataclasses.replace(sampling, **overrides)
+    except ValueError as exc:
+        raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
+
+
+def conditions_for(adapter, batch: int, seed: int, prompts=None):
+    """Prompts (Infinity: the text encoder runs inside the timed call, in its own span) or class labels.
+    ``prompts``: a :class:`~var_core.eval.prompts.PromptSet` (``--prompts``), sample ``i`` on prompt ``i mod P``."""
+    if prompts is not None:
+        if adapter.family != "infinity":
+            raise UserError("--prompts needs a text-to-image model (random:infinity-tiny, infinity-2b, ...): drop it "
+                            "for a class-conditional model")
+        return prompts.conditions(batch).prompts
     if adapter.family == "infinity":
         return [PROMPTS[(seed + i) % len(PROMPTS)] for i in range(batch)]
     num_classes = int(adapter.cfg.num_classes)
     return torch.tensor([(seed + 37 * i) % num_classes for i in range(batch)])
+
+
+def _prompt_set(settings: LatencySettings):
+    """``--prompts`` read once per process (None when not given)."""
+    if settings.prompts is None:
+        return None
+    from var_core.eval.prompts import load_prompt_set
+
+    key = str(settings.prompts)
+    if key not in _PROMPT_SETS:
+        _PROMPT_SETS[key] = load_prompt_set(settings.prompts)
+    return _PROMPT_SETS[key]
+
+
+_PROMPT_SETS: dict = {}
+
+
+def _save_images(settings: LatencySettings, adapter, arm: str, images, batch: int, prompt_set, log) -> None:
+    """``--save-images``: the reference generation of one method and batch (samples 0..B-1, seeds seed+i)."""
+    from ablations.runner import images_root
+    from var_core.eval.export import export_images
+    from var_core.eval.lightning import ConditionSet
+
+    if prompt_set is not None:
+        conditions = prompt_set.conditions(batch, settings.seed)
+        meta = prompt_set.geneval_metadata
+    elif adapter.family == "infinity":
+        conditions = ConditionSet.from_prompts(conditions_for(adapter, batch, settings.seed), batch, settings.seed)
+        meta = None
+    else:
+        labels = conditions_for(adapter, batch, settings.seed)
+        conditions = ConditionSet(tuple(int(v) for v in labels), settings.seed)
+        meta = None
+    root = images_root(settings.save_images, default_out_dir(settings, adapter.model_name))
+    out = export_images(root, arm, images, conditions, prompt_metadata=meta,
+                        seeds=list(range(settings.seed, settings.seed + batch)))
+    log(f"  images: {out['images']} PNGs of {arm} in {out['folder']}")
 
 
 def model_weight_bytes(adapter) -> int:
@@ -292,12 +358,16 @@ def measure(adapter, methods: list[str], batch: int, settings: LatencySettings, 
     from var_core.engine import GenerationOptions
 
     options = GenerationOptions(check_finite=False, decode=True, keep_raw_logits=True)
-    conditions = conditions_for(adapter, batch, settings.seed)
+    prompt_set = _prompt_set(settings)
+    conditions = conditions_for(adapter, batch, settings.seed, prompt_set)
     seeds = list(range(settings.seed, settings.seed + batch))
     policies = {name: build_policy(get_preset(name)) for name in methods}
     runs = {name: MethodRun(name, batch) for name in methods}
     for name in methods:
-        _reference_run(adapter, conditions, seeds, sampling, policies[name], options, device, batch, runs[name])
+        result = _reference_run(adapter, conditions, seeds, sampling, policies[name], options, device, batch,
+                                runs[name])
+        if settings.save_images is not None and result.images is not None:
+            _save_images(settings, adapter, f"{name}_b{batch}", result.images, batch, prompt_set, log)
     for w in range(settings.warmup):
         for name in methods:
             _timed_run(adapter, conditions, seeds, sampling, policies[name], options, device)
@@ -509,7 +579,7 @@ def run_profile(adapter, method: str, batch: int, settings: LatencySettings, sam
     from var_core.engine import GenerationOptions, generate
 
     options = GenerationOptions(check_finite=False, decode=True, keep_raw_logits=True)
-    conditions = conditions_for(adapter, batch, settings.seed)
+    conditions = conditions_for(adapter, batch, settings.seed, _prompt_set(settings))
     seeds = list(range(settings.seed, settings.seed + batch))
     policy = build_policy(get_preset(method))
 
@@ -686,9 +756,8 @@ def run_latency(settings: LatencySettings, command: str | None = None, log=print
 def _run_latency(settings: LatencySettings, command: str | None, log) -> dict:
     import pandas as pd
 
-    from ablations.runner import resolve_model
+    from ablations.runner import load_study_model, resolve_model
     from profilers.breakdown import write_breakdown
-    from var_core.models.zoo import load_model
 
     if settings.repeats < 1 or settings.warmup < 0 or settings.batch_size < 1 or settings.throughput_batch < 0:
         raise ValueError("need --repeats >= 1, --warmup >= 0, --batch-size >= 1, --throughput-batch >= 0")
@@ -706,8 +775,10 @@ def _run_latency(settings: LatencySettings, command: str | None, log) -> dict:
 
     for m in methods:
         get_preset(m)  # unknown names fail before anything runs
-    adapter = load_model(model, weights=settings.weights, device=device, dtype=dtype, seed=settings.seed)
-    sampling = resolve_sampling(adapter, model, settings.weights)
+    adapter = load_study_model(model, settings.weights, vae_weights=settings.vae_weights,
+                               text_encoder=settings.text_encoder, device=device, dtype=dtype, seed=settings.seed)
+    sampling = _with_overrides(resolve_sampling(adapter, model, settings.weights), settings)
+    _prompt_set(settings)  # a prompt file that does not read fails before anything is measured
     batches = batch_sizes(settings)
     out = default_out_dir(settings, model)
     out.mkdir(parents=True, exist_ok=True)
@@ -909,8 +980,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, type=model_name,
                    help="model name (default: testbed when its weights are shipped, else official-tiny); "
                         "random:var-d16, random:infinity-tiny, ...")
-    p.add_argument("--weights", default=None, type=existing_path,
-                   help="weights file or directory (see var_core.models.zoo)")
+    add_model_arguments(p)  # --weights --vae-weights --text-encoder --cfg --top-k --top-p --temperature --prompts
+    #                          --save-images (studies._model_cli)
     p.add_argument("--method", default="nova", type=preset_name, help="the method preset to report (default nova)")
     p.add_argument("--compare", nargs="*", default=["baseline"], type=preset_name,
                    help="presets to compare against (default: baseline; baseline is always added as the reference)")
@@ -949,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size, throughput_batch=args.throughput_batch, repeats=args.repeats,
         warmup=args.warmup, out=args.out, profile=args.profile, seed=args.seed, threads=args.threads,
         device=args.device, dtype=args.dtype, breakdown_scale=args.breakdown_scale, plots=not args.no_plots,
-        all_breakdowns=args.all_breakdowns,
+        all_breakdowns=args.all_breakdowns, **model_settings(args),
     )
     command = "python -m studies.latency " + " ".join(sys.argv[1:] if argv is None else argv)
     result = run_latency(settings, command=command.strip())

@@ -1,5 +1,12 @@
 """``python -m studies.report RUN_DIR``: rebuild the table, plots and grids of an ablation run folder from its
-JSON records (e.g. after editing the plotting code, or to add the W&B mirror later with ``--wandb offline``)."""
+JSON records (e.g. after editing the plotting code, or to add the W&B mirror later with ``--wandb offline``).
+
+    python -m studies.report RUN_DIR --import geneval geneval_results.jsonl   # GenEval's evaluate_images.py output
+    python -m studies.report RUN_DIR --import dpg dpg_results.csv --import-arm nova
+
+``--import KIND FILE`` (repeatable; KIND: geneval, dpg) joins an external benchmark's result file to the table, per
+arm, with intervals over prompts (``ablations.imports``: formats, the image layout of ``--save-images`` that maps
+results to arms, and ``imports/<kind>.json`` where they are kept)."""
 
 from __future__ import annotations
 
@@ -16,6 +23,12 @@ def main(argv=None) -> int:
     parser.add_argument("run_dir", type=existing_path, help="a results folder written by python -m studies.ablate")
     parser.add_argument("--wandb", choices=("offline", "online", "disabled"), default="disabled")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--import", dest="imports", nargs=2, action="append", default=[], metavar=("KIND", "FILE"),
+                        help="join a benchmark's result file: geneval RESULTS.jsonl (GenEval's evaluate_images.py) "
+                             "or dpg RESULTS.csv (DPG-Bench); repeatable")
+    parser.add_argument("--import-arm", default=None, metavar="ARM",
+                        help="assign every line of the --import files to this arm (default: from the image paths, "
+                             "images/<arm>/...)")
     args = parser.parse_args(argv)
 
     from ablations.report import read_folder, write_report
@@ -31,6 +44,24 @@ def main(argv=None) -> int:
         raise UserError(f"no readable finished arm record in {out_dir / 'arms'}{why}: is {out_dir} a results "
                         f"folder of python -m studies.ablate? (sweep and sensitivity folders write their own "
                         f"reports)")
+    if args.import_arm is not None and not args.imports:
+        raise UserError("--import-arm needs --import KIND FILE")
+    if args.imports:
+        from ablations.imports import import_results
+
+        names = [r["arm"] for r in contents.records]
+        for kind, file in args.imports:
+            done = import_results(out_dir, kind, file, arm=args.import_arm, arm_names=names)
+            overall = f"{kind}_overall"
+            for arm, entry in done["arms"].items():
+                s = entry["summary"].get(overall) or {}
+                print(f"imported {kind}: {arm}: overall {s.get('mean', float('nan')):.4g} "
+                      f"[{s.get('low', float('nan')):.4g}, {s.get('high', float('nan')):.4g}] over "
+                      f"{entry['n_prompts']} prompts")
+            if done["unmatched"]:
+                print(f"warning: {len(done['unmatched'])} lines of {file} match no arm of {out_dir} (e.g. "
+                      f"{done['unmatched'][0]!r})")
+            print(f"        -> {done['file']}")
     outputs = write_report(out_dir, contents.records, contents.unavailable, plots=not args.no_plots,
                            wandb_mode=args.wandb, problems=contents.problems, log=lambda line: None)
     for line in outputs.get("problems") or []:

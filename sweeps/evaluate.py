@@ -98,6 +98,15 @@ class EvalSettings:
     profile: bool = True  # ProfilerProbe: analytic FLOPs (incl. logit lens), component timers, memory
     paired_timing: bool = True  # re-time the baseline right before every arm (shared / loaded machines)
     timing_repeats: int = 1  # timed repetitions of (baseline, arm); each batch's time is the minimum over them
+    # real checkpoints, sampling and prompts (studies._model_cli); None: the model's own default
+    vae_weights: str | None = None
+    text_encoder: str | None = None
+    cfg: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
+    prompts: str | None = None  # a prompt file (var_core.eval.prompts): text-to-image models only
+    save_images: bool | str | None = None  # True: <out>/images/<arm>/...; a folder: <folder>/images/<arm>/...
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -145,8 +154,8 @@ class SweepEvaluator:
 
     def __init__(self, settings: EvalSettings, out_dir: str | Path, log: Callable[[str], None] = print,
                  family: str = "sweep"):
-        from ablations.runner import resolve_model, resolve_sampling
-        from var_core.models.zoo import load_model
+        from ablations.runner import (images_root, load_prompts, load_study_model, resolve_model, resolve_sampling,
+                                      sampling_overrides, study_conditions)
 
         if settings.samples < 2:
             raise ValueError(f"need at least 2 samples (confidence intervals need spread), got {settings.samples}")
@@ -157,11 +166,14 @@ class SweepEvaluator:
         self.log = log
         self.family = family
         self.model, self.weights, self.notes = resolve_model(settings.model, settings.weights)
-        self.adapter = load_model(self.model, weights=self.weights, dtype=getattr(torch, settings.dtype),
-                                  device="cpu")
-        self.sampling = resolve_sampling(self.adapter, self.model, self.weights)
-        num_classes = int(getattr(getattr(self.adapter, "cfg", None), "num_classes", 1) or 1)
-        self.conditions = ConditionSet.balanced(settings.samples, num_classes, settings.seed)
+        self.adapter = load_study_model(self.model, self.weights, vae_weights=settings.vae_weights,
+                                        text_encoder=settings.text_encoder, dtype=getattr(torch, settings.dtype),
+                                        device="cpu")
+        self.sampling = resolve_sampling(self.adapter, self.model, self.weights, sampling_overrides(settings))
+        self.prompt_set = load_prompts(settings.prompts)
+        self.conditions: ConditionSet = study_conditions(self.adapter, settings.samples, settings.seed,
+                                                         self.prompt_set)
+        self.image_root = images_root(settings.save_images, self.out_dir)
         self.metric_ctx = MetricContext.build(self.adapter, classifier_path=settings.classifier, seed=settings.seed)
         self.signature = {"classifier": self.metric_ctx.classifier is not None,
                           "classifier_reason": self.metric_ctx.classifier_reason, "batch_size": settings.batch_size,
@@ -237,6 +249,7 @@ class SweepEvaluator:
         json_path, pt_path = rec.record_paths(self.out_dir, "baseline")
         run.save(pt_path)
         rec.write_json_atomic(json_path, record)
+        self._export(config.arm, run)
         self._base_run, self._base_record = run, record
         self.log(f"baseline: {metric_value(record, 'ms_per_image'):.1f} ms/image")
         return record
@@ -244,7 +257,12 @@ class SweepEvaluator:
     # ----- one arm ----------------------------------------------------------------------------------------
     def evaluate(self, name: str, policy, *, description: str = "", reuse: bool = True,
                  extra: dict | None = None) -> dict:
-        """The record of ``policy`` (reused from ``out_dir`` if an identical evaluation exists)."""
+        """The record of ``policy`` (reused from ``out_dir`` if an identical evaluation exists). A per-model
+        preset's config is resolved for this model first: the record hashes what runs."""
+        from var_core.accel.presets import resolve_config
+        from var_core.engine.loop import generation_info
+
+        policy = resolve_config(policy, generation_info(self.adapter, 1, self.adapter.initial_guidance(self.sampling)))
         base = self.baseline()
         config = self.run_config(name, policy, description=description)
         json_path, _ = rec.record_paths(self.out_dir, name)
@@ -272,7 +290,14 @@ class SweepEvaluator:
         if extra:
             record.update(extra)
         rec.write_json_atomic(json_path, record)
+        self._export(name, run)
         return record
+
+    def _export(self, name: str, run: GenerationRun) -> None:
+        """``--save-images``: the arm's images in the evaluators' layouts (var_core.eval.export)."""
+        from ablations.runner import export_arm_images
+
+        export_arm_images(self.image_root, name, run, self.conditions, self.prompt_set, self.log)
 
     def _generate(self, policy) -> GenerationRun:
         return run_generation(self.adapter, self.conditions, policy_config=policy, sampling=self.sampling,

@@ -97,7 +97,7 @@ QUALITIES = ("psnr", "ssim", "ms_ssim", "token_agreement", "class_acc", "fid_pro
 SAMPLERS = ("nsga2", "tpe", "random")
 SPEC_ATTR = "varscope.spec"
 BASELINE_ATTR = "varscope.baseline"
-SEED_ATTR = "varscope.sampler_seed"  # one study user attr per worker start: f"{SEED_ATTR}:{worker}:{trials}:{pid}"
+SEED_ATTR = "varscope.sampler_seed"  # a study user attr per worker start: {SEED_ATTR}:{worker}:{trials}:{pid}@{host}
 STALE_AFTER = 600.0
 MAX_CONSECUTIVE_DUPLICATES = 50  # a worker stops after this many proposals in a row that were all evaluated already
 
@@ -198,7 +198,10 @@ class SweepSpec:
         return {"method": self.method, "base_hash": space.base.config_hash(),
                 "params": [p.to_dict() for p in space.params], "cost": self.cost, "quality": self.quality,
                 "constraint": constraint.text if constraint else None, "model": model, "weights": e.weights,
-                "samples": e.samples, "batch_size": e.batch_size, "seed": e.seed, "dtype": e.dtype}
+                "samples": e.samples, "batch_size": e.batch_size, "seed": e.seed, "dtype": e.dtype,
+                # set only when given, so studies stored before these options existed still resume
+                **{k: getattr(e, k) for k in ("vae_weights", "cfg", "top_k", "top_p", "temperature", "prompts")
+                   if getattr(e, k, None) is not None}}
 
 
 def default_out_dir(spec: SweepSpec, model: str) -> Path:
@@ -261,10 +264,12 @@ def sampler_seed(base_seed: int | None, trials_in_storage: int, worker_index: in
     return int.from_bytes(digest[:4], "big")
 
 
-def make_sampler(spec: SweepSpec, worker_index: int = 0, trials_in_storage: int = 0):
+def make_sampler(spec: SweepSpec, worker_index: int = 0, trials_in_storage: int = 0, *, seed: Any = "derive"):
+    """The spec's sampler, seeded with ``seed`` (default: :func:`sampler_seed` of the worker start)."""
     import optuna
 
-    seed = sampler_seed(spec.seed, trials_in_storage, worker_index)
+    if seed == "derive":
+        seed = sampler_seed(spec.seed, trials_in_storage, worker_index)
     if spec.sampler == "nsga2":
         pop = spec.population or max(4, min(50, spec.trials // 4))
         return optuna.samplers.NSGAIISampler(population_size=pop, seed=seed)
@@ -570,6 +575,43 @@ def _fmt_params(params: dict) -> str:
 
 
 # ----- workers ----------------------------------------------------------------------------------------------
+def process_sampler_seed(base_seed: int, trials_in_storage: int, worker_index: int, host: str, pid: int) -> int:
+    """A sampler seed of this process alone (hash of the :func:`sampler_seed` inputs plus host and pid)."""
+    text = f"varscope-sampler:{int(base_seed)}:{int(trials_in_storage)}:{int(worker_index)}:{host}:{int(pid)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
+
+
+def claim_sampler_seed(study, spec: SweepSpec, trials_in_storage: int, worker_index: int) -> int | None:
+    """The sampler seed of one worker start: :func:`sampler_seed` of ``worker_index``, unless another process's
+    start uses that seed too; then one of this process alone (:func:`process_sampler_seed`).
+
+    Workers on several machines sharing one RDB storage number themselves from 0 on every machine, and machines
+    started together see the same number of trials, hence the same seed: their samplers would propose the same
+    parameters in lockstep, every proposal but one pruned as a duplicate until the others stop. Each start writes
+    its claim (study user attr ``varscope.sampler_seed:<worker>:<trials>:<pid>@<host>``: seed, host, pid, start),
+    then reads every claim; seeing a live claim of another process on the same seed, it marks its own
+    ``superseded`` and takes its own seed. Writing before reading makes two racing starts see each other (one of
+    them, or both, move on, never neither). One machine (``--workers N``: distinct indices, distinct seeds) is
+    unaffected."""
+    host, pid, started = socket.gethostname(), os.getpid(), time.time()
+    seed = sampler_seed(spec.seed, trials_in_storage, worker_index)
+    key = f"{SEED_ATTR}:{worker_index}:{trials_in_storage}:{pid}@{host}"  # pids repeat across machines
+    mine = {"seed": seed, "base_seed": spec.seed, "trials_in_storage": trials_in_storage, "worker": worker_index,
+            "host": host, "pid": pid, "started": started, "sampler": spec.sampler}
+    study.set_user_attr(key, mine)
+    if seed is None:  # optuna seeds from the OS: nothing is shared
+        return None
+    rivals = [v for k, v in study.user_attrs.items() if k.startswith(SEED_ATTR + ":") and isinstance(v, dict)
+              and v.get("seed") == seed and not v.get("superseded") and (v.get("host"), v.get("pid")) != (host, pid)]
+    if not rivals:
+        return seed
+    study.set_user_attr(key, dict(mine, superseded=True))
+    own = process_sampler_seed(spec.seed, trials_in_storage, worker_index, host, pid)
+    study.set_user_attr(key + ":own", dict(mine, seed=own, shared_seed_of=[f"{v.get('host')}:{v.get('pid')}"
+                                                                           for v in rivals]))
+    return own
+
+
 def run_worker(prep: Prepared, worker_index: int = 0, log: Callable[[str], None] = print) -> int:
     """Run trials of the (existing) study until it holds ``trials`` COMPLETE trials; returns trials run here."""
     import optuna
@@ -584,13 +626,12 @@ def run_worker(prep: Prepared, worker_index: int = 0, log: Callable[[str], None]
         log(f"worker {worker_index}: the study already has {target} complete trials")
         return 0
     in_storage = len(study.get_trials(deepcopy=False))
-    seed = sampler_seed(prep.spec.seed, in_storage, worker_index)
-    study.sampler = make_sampler(prep.spec, worker_index, in_storage)
-    study.set_user_attr(f"{SEED_ATTR}:{worker_index}:{in_storage}:{os.getpid()}", {
-        "seed": seed, "base_seed": prep.spec.seed, "trials_in_storage": in_storage, "worker": worker_index,
-        "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "sampler": prep.spec.sampler})
+    seed = claim_sampler_seed(study, prep.spec, in_storage, worker_index)
+    study.sampler = make_sampler(prep.spec, worker_index, in_storage, seed=seed)
+    shared = seed != sampler_seed(prep.spec.seed, in_storage, worker_index)
     log(f"worker {worker_index}: {prep.spec.sampler} sampler seed {seed} (base seed {prep.spec.seed}, "
-        f"{in_storage} trials in the storage)")
+        f"{in_storage} trials in the storage" + ("; another process (another machine?) holds this worker "
+                                                 "index's seed, so this one is its own" if shared else "") + ")")
     ran = {"n": 0, "failed": 0, "duplicates": 0}
 
     def stop_when_done(study, trial) -> None:
@@ -703,9 +744,11 @@ def pareto_numbers(study, space: SweepSpace) -> set[int]:
 
 
 def sampler_seeds(study) -> list[dict]:
-    """The sampler seeds recorded by every worker start of the study, oldest first."""
+    """The sampler seeds recorded by every worker start of the study, oldest first (seeds a start gave up to an
+    earlier start of another process, see :func:`claim_sampler_seed`, are left out)."""
     attrs = study.user_attrs
-    found = [v for k, v in attrs.items() if k.startswith(SEED_ATTR + ":") and isinstance(v, dict)]
+    found = [v for k, v in attrs.items() if k.startswith(SEED_ATTR + ":") and isinstance(v, dict)
+             and not v.get("superseded")]
     return sorted(found, key=lambda v: (v.get("started") or 0, v.get("worker") or 0))
 
 

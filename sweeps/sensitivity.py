@@ -62,7 +62,8 @@ class SensitivitySpec:
 
 
 def default_method_for(param: str) -> str:
-    """``nova`` if it has the field, else the unique preset that has it (error otherwise)."""
+    """``nova`` if it has the field, else the unique preset that has it, variants ``<preset>_…`` not counted
+    (error otherwise)."""
     from var_core.accel.presets import PRESETS, get_preset
 
     name = param.split("=", 1)[0]
@@ -73,6 +74,8 @@ def default_method_for(param: str) -> str:
             having.append(preset)
         except SpaceError:
             continue
+    # a preset's variants ("ldpruning_skip" of "ldpruning") share its knobs: the base preset is meant
+    having = [p for p in having if not any(p.startswith(q + "_") for q in having)]
     if DEFAULT_METHOD in having:
         return DEFAULT_METHOD
     if len(having) == 1:

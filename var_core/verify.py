@@ -213,16 +213,21 @@ def _fhat_trajectory(vae, tokens):
 
 
 def detect_family(folder: Path) -> str:
-    """``"var"`` or ``"infinity"`` from a fixture folder's config.json and weight files."""
+    """``"var"``, ``"infinity"`` or ``"hart"`` from a fixture folder's config.json and weight files."""
     folder = Path(folder)
     config = read_config(folder)
     if "build_vae_var_kwargs" in config:
         return "var"
     if (folder / "infinity.pth").exists() or "infinity_ctor_kwargs" in config:
         return "infinity"
-    raise UserError(f"{folder}/config.json is neither a VAR fixture (build_vae_var_kwargs) nor an Infinity one "
-                    f"(infinity_ctor_kwargs / infinity.pth); verify supports the formats of "
-                    f"shared/fixtures/official_var_tiny and official_infinity_tiny")
+    from .verify_hart import detect as is_hart
+
+    if is_hart(folder, config):
+        return "hart"
+    raise UserError(f"{folder}/config.json is neither a VAR fixture (build_vae_var_kwargs), an Infinity one "
+                    f"(infinity_ctor_kwargs / infinity.pth) nor a HART one (llm_config / llm/config.json); verify "
+                    f"supports the formats of shared/fixtures/official_var_tiny, official_infinity_tiny and "
+                    f"official_hart_tiny")
 
 
 def _run(argv: list[str] | None = None) -> int:
@@ -240,6 +245,10 @@ def _run(argv: list[str] | None = None) -> int:
     fx = Fixture(folder, partial=args.partial)
     if family == "var":
         checks = verify_var_fixture(fx)
+    elif family == "hart":
+        from .verify_hart import verify_hart_fixture
+
+        checks = verify_hart_fixture(fx)
     else:
         from .verify_infinity import verify_infinity_fixture
 

@@ -18,9 +18,10 @@ from var_core.eval import records as rec  # noqa: E402
 
 SMALL = dict(model="official-tiny", samples=4, batch_size=2, warmup=0, progress=False, seed=1, threads=1)
 # NOVA's default inflection test (t_est=5, alpha=0.5) never fires on official-tiny's 7 scales, so its arms would
-# compute every token; testing against the early growth g_2 alone with alpha=1 fires from scale 3 on for 3 of the
-# 4 samples of this sample set (activation scales 3, 3, 7 = never, 3): the study arm really prunes.
-PRUNING = ("activation.t_est=2", "activation.alpha=1.0")
+# compute every token; testing the magnitude of the growth against the early growth g_2 alone with alpha=1 fires
+# from scale 3 on for 3 of the 4 samples of this sample set (activation scales 3, 3, 7 = never, 3): the study arm
+# really prunes. (The signed test, NOVA's default since issue 12, gives 7, 7, 3, 3 here.)
+PRUNING = ("activation.t_est=2", "activation.alpha=1.0", "activation.growth_test=magnitude")
 
 
 # ----- --set -------------------------------------------------------------------------------------------------
@@ -48,9 +49,9 @@ def test_set_applies_to_matching_arms_only():
     by = {a.name: a for a in out}
     assert by["baseline"].config == arms[0].config  # the reference is never changed
     assert all(by[n].config.schedule.tau == 0.7 and by[n].config.granularity == "branch" for n in by if n != "baseline")
-    assert by["scorer=lhep"].config.scorer.extractor == "sobel"
-    assert "scorer.extractor=sobel" in by["scorer=lhep"].changes
-    assert "scorer.extractor" not in by["scorer=mse"].changes
+    assert by["lhep@tau=0.8"].config.scorer.extractor == "sobel"
+    assert "scorer.extractor=sobel" in by["lhep@tau=0.8"].changes
+    assert "scorer.extractor" not in by["mse@tau=0.8"].changes
     with pytest.raises(OverrideError, match="schedule.tau"):
         apply_overrides(arms, parse_overrides(["schedule.tua=1"]))
 
@@ -66,9 +67,9 @@ def test_unknown_family_and_arm(capsys, tmp_path):
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("ablate") / "cache"
-    result = run_study(StudyOptions(family="cache", out=str(out), arms=("restorer=identity",), wandb="disabled",
+    result = run_study(StudyOptions(family="cache", out=str(out), arms=("identity@t_est=5",), wandb="disabled",
                                     overrides=PRUNING, **SMALL), log=lambda s: None)
-    assert result.computed == ["baseline", "restorer=identity"] and result.reused == []
+    assert result.computed == ["baseline", "identity@t_est=5"] and result.reused == []
     return out
 
 
@@ -87,7 +88,7 @@ def test_outputs_are_complete_and_self_describing(study_dir):
         assert r["samples"]["n"] == 4 and len(r["samples"]["seeds"]) == 4
         assert r["summary"]["ms_per_image"]["n"] == 2
         assert len(r["metrics"]["per_scale"]["entropy"]) == 4
-    arm = next(r for r in records if r["arm"] == "restorer=identity")
+    arm = next(r for r in records if r["arm"] == "identity@t_est=5")
     assert arm["policy"]["restorer"]["name"] == "identity"
     for key in ("psnr", "ssim", "ms_ssim", "token_agreement", "speedup"):
         assert arm["summary"][key]["n"] in (2, 4) and arm["summary"][key]["mean"] is not None
@@ -106,36 +107,39 @@ def test_outputs_are_complete_and_self_describing(study_dir):
     assert "class_correct" in arm["metrics"]["unavailable"]  # official-tiny is not the testbed
     assert "breakdown_ms_per_image" in arm["timing"]
     table = (study_dir / "table.md").read_text()
-    assert "| arm | n |" in table and "restorer=identity" in table and "Timed region" in table
+    assert "| arm | n |" in table and "identity@t_est=5" in table and "Timed region" in table
     import pandas as pd
 
     frame = pd.read_csv(study_dir / "table.csv")
-    assert list(frame["arm"]) == ["baseline", "restorer=identity"] and set(frame["n"]) == {4}
+    assert list(frame["arm"]) == ["baseline", "identity@t_est=5"] and set(frame["n"]) == {4}
     for col in ("psnr_low", "psnr_high", "psnr_n", "speedup", "ms_per_image_low"):
         assert col in frame.columns
     for plot in ("speed_quality", "entropy_per_scale", "token_agreement"):
         assert (study_dir / "plots" / f"{plot}.png").is_file()
     assert (study_dir / "grids" / "overview.png").is_file()
     interleaved = json.loads((study_dir / "timing_interleaved.json").read_text())
-    assert interleaved["rounds"] == 5 and interleaved["batch_size"] == 1 and set(interleaved["arms"]) == {"baseline", "restorer=identity"}
+    assert interleaved["rounds"] == 5 and interleaved["batch_size"] == 1 and set(interleaved["arms"]) == {"baseline", "identity@t_est=5"}
     assert "speedup_interleaved" in frame.columns and "speedup interleaved" in table
-    assert (study_dir / "grids" / "restorer=identity.png").is_file()
+    assert (study_dir / "grids" / "identity_t_est=5.png").is_file()
     assert not (study_dir / "wandb").exists()  # disabled: W&B writes nothing
 
 
 def test_resume_computes_only_missing_arms(study_dir):
     before = {p.name: p.stat().st_mtime_ns for p in (study_dir / "arms").glob("*.json")}
-    result = run_study(StudyOptions(family="cache", out=str(study_dir), wandb="disabled", overrides=PRUNING,
-                                    arms=("restorer=identity", "restorer=static_cache"), **SMALL), log=lambda s: None)
-    assert result.reused == ["baseline", "restorer=identity"]
-    assert result.computed == ["restorer=static_cache"]
+    # PRUNING moves the activation to scale 3, so the static cache (paired with t_est=5 at scale 5) must move before
+    # it; left at 5 its first restore raises CacheMissError (never a silent identity)
+    result = run_study(StudyOptions(family="cache", out=str(study_dir), wandb="disabled",
+                                    overrides=PRUNING + ("restorer.cache_scale=2",),
+                                    arms=("identity@t_est=5", "static_cache@t_est=5"), **SMALL), log=lambda s: None)
+    assert result.reused == ["baseline", "identity@t_est=5"]
+    assert result.computed == ["static_cache@t_est=5"]
     for name, mtime in before.items():
         assert (study_dir / "arms" / name).stat().st_mtime_ns == mtime  # finished arms untouched
 
 
 def test_wandb_offline_run_files(study_dir, tmp_path):
     result = run_study(StudyOptions(family="cache", out=str(study_dir), wandb="offline", overrides=PRUNING,
-                                    arms=("restorer=identity",), **SMALL), log=lambda s: None)
+                                    arms=("identity@t_est=5",), **SMALL), log=lambda s: None)
     assert result.computed == []  # everything reused; only the report and the W&B mirror are written
     run_dir = result.outputs["wandb"]
     assert run_dir and os.path.isdir(run_dir)
@@ -157,16 +161,16 @@ def test_interrupted_run_keeps_finished_arms(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner, "run_generation", flaky)
     options = StudyOptions(family="cache", out=str(tmp_path / "run"), wandb="disabled",
-                           arms=("restorer=identity",), **SMALL)
+                           arms=("identity@t_est=5",), **SMALL)
     with pytest.raises(KeyboardInterrupt):
         run_study(options, log=lambda s: None)
     arms_dir = tmp_path / "run" / "arms"
     assert rec.read_record(arms_dir / "baseline.json") is not None
-    assert not (arms_dir / "restorer=identity.json").exists()
+    assert not (arms_dir / "identity_t_est=5.json").exists()
     assert not list(arms_dir.glob("*.tmp")) and not list(arms_dir.glob(".*.tmp"))
     monkeypatch.setattr(runner, "run_generation", real)
     result = run_study(options, log=lambda s: None)
-    assert result.reused == ["baseline"] and result.computed == ["restorer=identity"]
+    assert result.reused == ["baseline"] and result.computed == ["identity@t_est=5"]
 
 
 # ----- ls / validate -------------------------------------------------------------------------------------------
@@ -210,7 +214,7 @@ def test_ctrl_c_inside_trainer_predict_keeps_finished_arms(tmp_path, monkeypatch
 
     monkeypatch.setattr(probes.ProfilerProbe, "after_batch", interrupting)
     options = StudyOptions(family="cache", out=str(tmp_path / "run"), wandb="disabled", timing_rounds=0,
-                           arms=("restorer=identity",), **SMALL)
+                           arms=("identity@t_est=5",), **SMALL)
     handler = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises((SystemExit, KeyboardInterrupt)):
@@ -219,23 +223,23 @@ def test_ctrl_c_inside_trainer_predict_keeps_finished_arms(tmp_path, monkeypatch
         signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT while it shuts down
     arms_dir = tmp_path / "run" / "arms"
     assert rec.read_record(arms_dir / "baseline.json") is not None
-    assert not (arms_dir / "restorer=identity.json").exists()
+    assert not (arms_dir / "identity_t_est=5.json").exists()
     monkeypatch.setattr(probes.ProfilerProbe, "after_batch", real)
     result = run_study(options, log=lambda s: None)
-    assert result.reused == ["baseline"] and result.computed == ["restorer=identity"]
+    assert result.reused == ["baseline"] and result.computed == ["identity@t_est=5"]
 
 
 def test_changed_metric_context_recomputes_metrics_not_samples(tmp_path):
     """E.g. the testbed classifier appears after a run: the arms are not regenerated, their metrics are."""
     options = dict(family="cache", out=str(tmp_path / "run"), wandb="disabled", timing_rounds=0, plots=False,
-                   arms=("restorer=identity",), **SMALL)
+                   arms=("identity@t_est=5",), **SMALL)
     first = run_study(StudyOptions(**options), log=lambda s: None)
-    assert first.computed == ["baseline", "restorer=identity"]
-    before = rec.read_record(tmp_path / "run" / "arms" / "restorer=identity.json")
+    assert first.computed == ["baseline", "identity@t_est=5"]
+    before = rec.read_record(tmp_path / "run" / "arms" / "identity_t_est=5.json")
     again = run_study(StudyOptions(classifier=str(tmp_path / "no-such-classifier.safetensors"), **options),
                       log=lambda s: None)
-    assert again.computed == [] and again.reused == ["baseline", "restorer=identity"]
-    after = rec.read_record(tmp_path / "run" / "arms" / "restorer=identity.json")
+    assert again.computed == [] and again.reused == ["baseline", "identity@t_est=5"]
+    after = rec.read_record(tmp_path / "run" / "arms" / "identity_t_est=5.json")
     assert after["metrics_refreshed"] and after["timing"] == before["timing"]
     assert after["metrics"]["signature"] != before["metrics"]["signature"]
     assert after["metrics"]["per_sample"]["psnr"] == before["metrics"]["per_sample"]["psnr"]
@@ -252,8 +256,10 @@ def test_method_family_on_infinity_tiny_end_to_end(tmp_path):
     result = run_study(StudyOptions(out=str(tmp_path / "a"), **options), log=logs.append)
     assert [a.name for a in result.unavailable] == ["toprovar"]
     assert "--set schedule.s_rep=" in result.unavailable[0].error
-    assert {r["arm"] for r in result.records} == {"baseline", "nova", "fastvar", "ldpruning", "sparsevar",
-                                                  "skipvar", "stagevar"}
+    assert {r["arm"] for r in result.records} == {"baseline", "nova", "fastvar", "fastvar_toprovar", "ldpruning",
+                                                  "ldpruning_skip", "sparsevar", "skipvar", "stagevar"}
+    fastvar = next(r for r in result.records if r["arm"] == "fastvar")  # recorded as resolved for Infinity
+    assert fastvar["policy"]["schedule"]["widths"] == [32, 40, 48, 64] and fastvar["policy"]["per_model"] == ""
     for record in result.records:
         assert record["metrics"]["set_level"] is not None
         assert record["timing"].get("flops_per_image"), record["timing"]

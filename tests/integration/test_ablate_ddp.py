@@ -1,34 +1,49 @@
-"""DDP on the CPU with 2 processes gives the same records as 1 process (same thread count per process)."""
+"""Two processes give the same records as one (same thread count per process), however they are started:
+``ddp_spawn`` (the caller starts the workers), ``--strategy ddp`` (Lightning's launcher re-runs the command in each
+process) and ``torchrun`` (every process started from outside). With ``ddp`` and torchrun every rank runs the whole
+CLI: rank 0 takes the results-folder lock and writes the records, rank 1 only joins the generations."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-from ablations.runner import StudyOptions, run_study  # noqa: E402
+from ablations.runner import LOCK_NAME, StudyOptions, run_study  # noqa: E402
 from var_core.eval import records as rec  # noqa: E402
 from var_core.eval.lightning import GenerationRun  # noqa: E402
 
-pytestmark = pytest.mark.slow  # two spawned processes per arm: ~30-60 s on 2 cores
+pytestmark = pytest.mark.slow  # two processes per arm: ~15-60 s each on 2 cores
 
+REPO = Path(__file__).resolve().parents[2]
 SAME = ("arm", "config_hash", "key", "policy", "samples", "sampling")
+# LD-Pruning: ragged per-sample keep counts and tied Haar energies, where batch dependence would show
+COMMON = dict(family="method", model="official-tiny", samples=6, batch_size=2, warmup=0, progress=False,
+              wandb="disabled", plots=False, arms=("ldpruning",), threads=1, seed=3, timing_rounds=0)
+CLI = ["method", "--model", "official-tiny", "--samples", "6", "--batch-size", "2", "--warmup", "0",
+       "--no-progress", "--no-plots", "--arms", "ldpruning", "--threads", "1", "--seed", "3", "--timing-rounds", "0",
+       "--wandb", "disabled"]
 
 
-def test_two_process_ddp_gives_the_same_records(tmp_path):
-    # LD-Pruning: ragged per-sample keep counts and tied Haar energies, where batch dependence would show
-    common = dict(family="method", model="official-tiny", samples=6, batch_size=2, warmup=0, progress=False,
-                  wandb="disabled", plots=False, arms=("ldpruning",), threads=1, seed=3, timing_rounds=0)
-    one = run_study(StudyOptions(out=str(tmp_path / "one"), devices=1, **common), log=lambda s: None)
-    two = run_study(StudyOptions(out=str(tmp_path / "two"), devices=2, strategy="ddp_spawn", **common),
-                    log=lambda s: None)
-    assert one.computed == two.computed == ["baseline", "ldpruning"]
-    for name in one.computed:
-        a = rec.read_record(rec.record_paths(tmp_path / "one", name)[0])
-        b = rec.read_record(rec.record_paths(tmp_path / "two", name)[0])
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, fixture_dir):
+    out = tmp_path_factory.mktemp("one")
+    result = run_study(StudyOptions(out=str(out), devices=1, **COMMON), log=lambda s: None)
+    assert result.computed == ["baseline", "ldpruning"]
+    return out
+
+
+def assert_same_records(one: Path, two: Path, strategy: str) -> None:
+    for name in ("baseline", "ldpruning"):
+        a = rec.read_record(rec.record_paths(one, name)[0])
+        b = rec.read_record(rec.record_paths(two, name)[0])
+        assert a is not None and b is not None, name
         for key in SAME:
             assert a[key] == b[key], key
         assert a["metrics"]["index"] == b["metrics"]["index"] == list(range(6))
@@ -36,10 +51,61 @@ def test_two_process_ddp_gives_the_same_records(tmp_path):
         assert a["metrics"]["per_scale"]["entropy"] == b["metrics"]["per_scale"]["entropy"]
         assert a["metrics"]["per_scale"]["token_agreement"] == b["metrics"]["per_scale"]["token_agreement"]
         assert a["metrics"]["activation_scale"] == b["metrics"]["activation_scale"]
-        assert [p["rank"] for p in b["environment"]["processes"]] == [0, 1]
-        assert sorted(x["first_index"] for x in b["timing"]["batches"]) == [0, 2, 4]
-        ra = GenerationRun.load(rec.record_paths(tmp_path / "one", name)[1])
-        rb = GenerationRun.load(rec.record_paths(tmp_path / "two", name)[1])
+        assert a["timing"]["flops_per_image"] == b["timing"]["flops_per_image"]
+        env = b["environment"]
+        assert [p["rank"] for p in env["processes"]] == [0, 1]
+        assert env["strategy"] == strategy and env["devices"] == 2 and env["num_nodes"] == 1
+        assert all(p["device"] == "cpu" and p["threads"] == 1 and p["dtype"] == "float32" for p in env["processes"])
+        # whole batches dealt round-robin: rank 0 got the batches starting at 0 and 4, rank 1 the one at 2
+        assert sorted((x["first_index"], x["rank"]) for x in b["timing"]["batches"]) == [(0, 0), (2, 1), (4, 0)]
+        ra = GenerationRun.load(rec.record_paths(one, name)[1])
+        rb = GenerationRun.load(rec.record_paths(two, name)[1])
         assert torch.equal(ra.images_u8, rb.images_u8)
         for ta, tb in zip(ra.tokens, rb.tokens):
             assert all(torch.equal(x, y) for x, y in zip(ta, tb))
+        assert ra.content_hash() == rb.content_hash()
+    assert not (two / LOCK_NAME).exists()  # released by rank 0, the only rank that took it
+    assert not list(two.rglob("*.tmp"))
+
+
+def _cli_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LOCAL_RANK", "RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                        "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID") and not k.startswith("SLURM_")}
+    env.update(OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=REPO, env=_cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_two_process_ddp_spawn_gives_the_same_records(tmp_path, one_process):
+    two = run_study(StudyOptions(out=str(tmp_path / "two"), devices=2, strategy="ddp_spawn", **COMMON),
+                    log=lambda s: None)
+    assert two.computed == ["baseline", "ldpruning"]
+    assert_same_records(one_process, tmp_path / "two", "ddp_spawn")
+
+
+def test_ddp_launcher_reruns_the_cli_and_gives_the_same_records(tmp_path, one_process):
+    out = tmp_path / "ddp"
+    proc = _run([sys.executable, "-m", "studies.ablate", *CLI, "--devices", "2", "--strategy", "ddp",
+                 "--out", str(out)])
+    assert "rank 1: joined 2 generation(s) of rank 0" in proc.stdout  # the re-run CLI followed rank 0
+    assert_same_records(one_process, out, "ddp")
+    # resuming with the same command: rank 0 reuses both arms and releases rank 1, which generated nothing
+    again = _run([sys.executable, "-m", "studies.ablate", *CLI, "--devices", "2", "--strategy", "ddp",
+                  "--out", str(out)])
+    assert "0 arms computed, 2 reused" in again.stdout
+    assert "rank 1: joined 0 generation(s) of rank 0" in again.stdout
+
+
+def test_torchrun_gives_the_same_records(tmp_path, one_process):
+    out = tmp_path / "torchrun"
+    proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                 "-m", "studies.ablate", *CLI, "--out", str(out)])
+    assert "rank 1: joined 2 generation(s) of rank 0" in proc.stdout
+    assert "torchrun started 2 processes" in proc.stdout  # --devices left out: the launcher's count is adopted
+    assert_same_records(one_process, out, "ddp")

@@ -146,7 +146,9 @@ def test_flops_ratio_is_arm_over_baseline_and_matches_flop_counter(study):
 
     records, table = _records(study), _table(study)
     fastvar = get_preset("fastvar")
-    assert records["fastvar"]["config_hash"] == fastvar.config_hash()  # the arm is the preset
+    # the arm is the preset as resolved for official-tiny: a VAR, for which FastVAR publishes no setting, so the
+    # generic mapping made concrete (per_model cleared)
+    assert records["fastvar"]["config_hash"] == dataclasses.replace(fastvar, per_model="").config_hash()
     base_f = records["baseline"]["timing"]["flops_per_image"]
     arm_f = records["fastvar"]["timing"]["flops_per_image"]
     # from the records: arm FLOPs / baseline FLOPs (fewer tokens computed -> below 1)

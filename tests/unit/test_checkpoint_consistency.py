@@ -147,6 +147,8 @@ def _meta_state_dicts(cfg: VARConfig, vqvae_kwargs: dict):
 
 def _load_entry(monkeypatch, tmp_path, entry: str, var_sd, vae_sd):
     files = {zoo.ZOO[entry].weight_file: var_sd, zoo.OFFICIAL_VAE_FILE: vae_sd}
+    for name in files:  # the file names must be there (zoo.resolve_weight_files); the contents come from `files`
+        (tmp_path / name).touch()
     monkeypatch.setattr(zoo, "read_state_dict", lambda path: files[Path(path).name])
     return _mismatch(load_model, entry, weights=tmp_path)
 

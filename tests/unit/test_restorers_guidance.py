@@ -92,9 +92,11 @@ def test_static_cache_refresh_rows_and_misses():
         r.start(info, signals)
     keep = torch.tensor([[0, 3]])
     out = torch.ones(1, 2, 2)
-    # before any cache: zero fill, counted
-    full = fixed.restore(make_ctx(info, 0, COND), 0, "attn", out, keep, torch.zeros(1, 4, 2), signals)
-    assert torch.equal(full[0, [1, 2]], torch.zeros(2, 2)) and signals.extras["static_cache_misses"] == 1
+    # before any cache: an error naming the scales, never a silent identity (issue 12)
+    from var_core.accel.restorers.static_cache import CacheMissError
+
+    with pytest.raises(CacheMissError, match="scale 0 block 0 .* no cache"):
+        fixed.restore(make_ctx(info, 0, COND), 0, "attn", out, keep, torch.zeros(1, 4, 2), signals)
     y0, y1 = torch.randn(2, 4, 2), torch.randn(2, 9, 2)
     for r in (fixed, latest):
         r.observe_branch(make_ctx(info, 0), 0, "attn", y0, signals)
@@ -272,19 +274,21 @@ def run_sats(gammas, **params):
 
 def test_sats_stop_scale_per_sample_and_physical_drop_when_all_stopped():
     gammas = [[0.9, 0.8], [0.3, 0.5], [0.1, 0.2], [0.05, 0.12], [0.2, 0.01], [0.3, 0.3], [0.3, 0.3]]
-    modes, per_sample, stop = run_sats(gammas, delta=0.15)
+    modes, per_sample, stop = run_sats(gammas, delta=0.15, min_scale=0)  # no guard
     # sample 0: γ_2 = 0.1 < δ → cond-only from scale 3; sample 1: γ_3 = 0.12 → from scale 4
     assert stop == [3, 4]
     assert per_sample[3] == [True, False]
     assert modes == [BOTH, BOTH, BOTH, BOTH, COND, COND, COND]
     # one-way: sample 0's later γ rising above δ does not restart it (its stop is sticky)
-    # min_scale guard: no test before scale 3
-    _, _, stop = run_sats(gammas, delta=0.15, min_scale=3)
+    # min_scale guard: no test before scale 3 ('tested'), i.e. no drop before scale 4 ('dropped', the default)
+    _, _, stop = run_sats(gammas, delta=0.15, min_scale=3, scales="tested")
+    assert stop == [4, 4]
+    _, _, stop = run_sats(gammas, delta=0.15, min_scale=4)
     assert stop == [4, 4]
     # δ = 0 never fires; a sample that never falls below δ keeps guidance (stop = num_scales)
     modes, per_sample, stop = run_sats(gammas, delta=0.0)
     assert stop == [7, 7] and modes == [BOTH] * 7 and per_sample == [None] * 7
-    modes, _, stop = run_sats([[0.9, 0.1]] * 7, delta=0.15)
+    modes, _, stop = run_sats([[0.9, 0.1]] * 7, delta=0.15, min_scale=0)
     assert stop == [7, 1] and modes == [BOTH] * 7
 
 
@@ -349,7 +353,8 @@ def test_sats_generation_per_sample_and_batch_equals_single(tiny_adapter):
     s = max(range(1, K - 2), key=lambda k: float((gammas[k][0] - gammas[k][1]).abs()))
     first = int(gammas[s].argmin())
     delta = float(gammas[s].mean())
-    result, policy = gen(tiny_adapter, guidance=component_config("guidance", "sats", delta=delta, min_scale=s))
+    result, policy = gen(tiny_adapter, guidance=component_config("guidance", "sats", delta=delta, min_scale=s,
+                                                                 scales="tested"))
     stop = policy.signals.extras["sats_stop_scale"].tolist()
     assert stop[first] == s + 1 and stop[1 - first] > s + 1
     assert result.records[s + 1].guidance is BOTH  # the other sample still needs its uncond rows
@@ -357,7 +362,7 @@ def test_sats_generation_per_sample_and_batch_equals_single(tiny_adapter):
     assert all((r.guidance is COND) == (r.scale_index >= cond_from) for r in result.records)
     # the stopped sample alone (physical drop at s+1) equals the same sample in the batch (logical drop)
     alone, policy1 = gen(tiny_adapter, labels=LABELS[first:first + 1], seeds=SEEDS[first:first + 1],
-                         guidance=component_config("guidance", "sats", delta=delta, min_scale=s))
+                         guidance=component_config("guidance", "sats", delta=delta, min_scale=s, scales="tested"))
     assert policy1.signals.extras["sats_stop_scale"].tolist() == [s + 1]
     assert alone.records[s + 1].guidance is COND
     for a, b in zip(alone.records, result.records):

@@ -233,10 +233,12 @@ def test_config_validation():
 
 # ------------------------------------------------------------------------------------------ short generations
 ARMS = [
-    ("entropy", {}), ("entropy", {"source": "previous", "upsample": "nearest"}), ("entropy", {"lens_rows": "per_row"}),
+    ("entropy", {}), ("entropy", {"source": "previous", "upsample": "nearest"}),
+    ("entropy", {"source": "lens"}), ("entropy", {"source": "lens", "lens_rows": "per_row"}),
     ("attention", {}), ("attention", {"source": "previous_block"}), ("attention", {"signal": "received_mass"}),
+    ("attention", {"min_region_keep": 0.25, "regions": 2}),
     ("mse", {}), ("mse", {"mode": "block_change", "block": -1}),
-    ("lhep", {}), ("lhep", {"grid": "native", "extractor": "fft"}), ("lhep", {"extractor": "sobel", "window": 1}),
+    ("lhep", {}), ("lhep", {"grid": "current", "extractor": "fft"}), ("lhep", {"extractor": "sobel", "window": 1}),
     ("norm", {}), ("random", {}),
 ]
 
@@ -286,7 +288,7 @@ def test_observations_are_declared_only_where_needed(tiny):
     generate(tiny, torch.tensor([1]), seeds=[0], sampling=SAMPLED, policy=policy, options=NO_DECODE)
     K = tiny.num_scales
     assert {si for si, _ in policy.signals.attention_entropy} == {K - 3, K - 2}  # read at K-2 and K-1
-    lens_cfg = cfg.replace_component("scorer", "entropy")
+    lens_cfg = cfg.replace_component("scorer", "entropy", source="lens")
     policy = build_policy(lens_cfg)
     generate(tiny, torch.tensor([1]), seeds=[0], sampling=SAMPLED, policy=policy, options=NO_DECODE)
     assert {key for key in policy.signals.lens_entropy} == {(si, b) for si in (K - 2, K - 1)

@@ -63,7 +63,7 @@ def test_lambda_resolves_where_unique():
 EXPECTED_SPACES = {
     "baseline": [],
     "nova": [
-        ("scorer.source", "categorical", None, None, False, ("lens", "previous"), "lens"),
+        ("scorer.source", "categorical", None, None, False, ("predictive", "lens"), "predictive"),
         ("activation.t_est", "int", 2, 7, False, None, 5),
         ("activation.alpha", "float", 0.1, 1.0, False, None, 0.5),
         ("schedule.tau", "float", 0.3, 1.0, False, None, 0.8),
@@ -76,6 +76,11 @@ EXPECTED_SPACES = {
         ("restorer.cache_scale", "int", -5, -2, False, None, -3),
         ("restorer.interpolation", "categorical", None, None, False, ("area", "bilinear", "nearest"), "area"),
     ],
+    "fastvar_toprovar": [  # its generic config is the Infinity-2B setting: the 24x24 cache is scale 8 of 13
+        ("scorer.upsample", "categorical", None, None, False, ("nearest", "bilinear", "area"), "bilinear"),
+        ("restorer.cache_scale", "int", -5, -2, False, None, 8),
+        ("restorer.interpolation", "categorical", None, None, False, ("area", "bilinear", "nearest"), "area"),
+    ],
     "ldpruning": [
         ("scorer.extractor", "categorical", None, None, False, ("haar", "fft", "laplacian", "sobel"), "haar"),
         ("scorer.window", "categorical", None, None, False, (1, 3, 5), 3),
@@ -83,9 +88,17 @@ EXPECTED_SPACES = {
          "trilinear"),
         ("schedule.rho", "float", 0.2, 0.9, False, None, 0.5),
         ("schedule.min_keep_fraction", "float", 0.0, 0.2, False, None, 0.05),
-        ("restorer.cache_scale", "int", -5, -2, False, None, -4),
-        ("restorer.interpolation", "categorical", None, None, False, ("area", "bilinear", "nearest"), "area"),
         ("guidance.delta", "float", 0.02, 0.5, True, None, 0.15),
+    ],
+    "ldpruning_skip": [  # ldpruning's, plus the number of skipped last scales (2: the paper's 11 and 12)
+        ("scorer.extractor", "categorical", None, None, False, ("haar", "fft", "laplacian", "sobel"), "haar"),
+        ("scorer.window", "categorical", None, None, False, (1, 3, 5), 3),
+        ("scorer.interpolation", "categorical", None, None, False, ("trilinear", "bicubic", "area", "nearest"),
+         "trilinear"),
+        ("schedule.rho", "float", 0.2, 0.9, False, None, 0.5),
+        ("schedule.min_keep_fraction", "float", 0.0, 0.2, False, None, 0.05),
+        ("guidance.delta", "float", 0.02, 0.5, True, None, 0.15),
+        ("skip.count", "int", 0, 3, False, None, 2),
     ],
     "toprovar": [
         ("scorer.signal", "categorical", None, None, False, ("query_entropy", "received_mass"), "query_entropy"),
@@ -103,12 +116,11 @@ EXPECTED_SPACES = {
     ],
     "skipvar": [
         ("guidance.start_scale", "int", -4, -1, False, None, -3),
-        ("skip.count", "int", 0, 3, False, None, 1),
     ],
     "stagevar": [
-        ("restorer.cache_scale", "int", -5, -2, False, None, -3),
+        ("restorer.cache_scale", "int", -5, -2, False, None, -4),
         ("restorer.interpolation", "categorical", None, None, False, ("area", "bilinear", "nearest"), "area"),
-        ("guidance.count", "int", 1, 4, False, None, 2),
+        ("guidance.count", "int", 1, 4, False, None, 3),
     ],
 }
 
@@ -191,7 +203,8 @@ def test_suggest_and_apply_stay_inside_the_space():
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    ld = get_preset("ldpruning")
+    # LD-Pruning with FastVAR-style cache restoration (the option beside its sparse residual tokens)
+    ld = get_preset("ldpruning").replace_component("restorer", "static_cache", cache_scale=-4, refresh="latest")
     space = build_space(ld, ["rho", "delta", "restorer.interpolation", "restorer.cache_scale"])
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(20):

@@ -116,6 +116,51 @@ def fill_missing(map_RN: torch.Tensor, how: str = "lowest") -> torch.Tensor:
     return torch.where(missing, fill, map_RN)
 
 
+# ---------------------------------------------------------------------------------------------------- regions
+def region_ids(hw: tuple[int, int], regions: int) -> torch.Tensor:
+    """int64 ``[N]``: the cell of a ``regions × regions`` grid each token of an ``h × w`` map falls in (row-major
+    cells; cell boundaries at ``floor(i·h/regions)``; on a map smaller than the grid some cells are empty)."""
+    h, w = hw
+    rows = torch.arange(h) * regions // h
+    cols = torch.arange(w) * regions // w
+    return (rows.view(h, 1) * regions + cols.view(1, w)).flatten()
+
+
+def region_quotas(hw: tuple[int, int], regions: int, min_keep: float) -> torch.Tensor:
+    """int64 ``[regions²]``: tokens each cell must keep, ``ceil(min_keep · n_cell)`` (0 for an empty cell)."""
+    sizes = torch.bincount(region_ids(hw, regions), minlength=regions * regions)
+    return torch.ceil(sizes.double() * min_keep - 1e-9).clamp(min=0).long()
+
+
+def region_floor(hw: tuple[int, int], regions: int, min_keep: float) -> int:
+    """Smallest keep count that lets every cell keep its quota: ``Σ_cells ceil(min_keep · n_cell)``."""
+    return int(region_quotas(hw, regions, min_keep).sum()) if min_keep > 0 else 0
+
+
+def region_priority(scores_RN: torch.Tensor, hw: tuple[int, int], regions: int, min_keep: float) -> torch.Tensor:
+    """Scores re-ranked so that any top-``k`` with ``k ≥ region_floor`` keeps every cell's quota.
+
+    Per row, order the tokens by score (descending, ties to the lower position); the best ``ceil(min_keep · n)``
+    tokens of each cell come first, then every other token, each group in that order. Returned as rank values in
+    (0, 2] (quota tokens above 1), so the policy's top-k picks the quota first and the rest by score."""
+    R, N = scores_RN.shape
+    if min_keep <= 0:
+        return scores_RN
+    device = scores_RN.device
+    cells = region_ids(hw, regions).to(device)
+    quotas = region_quotas(hw, regions, min_keep).to(device)
+    order = torch.nan_to_num(scores_RN.double(), nan=float("-inf")).sort(dim=1, descending=True, stable=True).indices
+    sorted_cells = cells[order]  # [R, N]
+    onehot = torch.nn.functional.one_hot(sorted_cells, regions * regions)
+    within = onehot.cumsum(1).gather(2, sorted_cells.unsqueeze(-1)).squeeze(-1) - 1  # rank inside the cell
+    first_sorted = within < quotas[sorted_cells]
+    rank_value = (N - torch.arange(N, device=device, dtype=torch.float64)) / N  # 1 for the best, 1/N for the last
+    value_sorted = rank_value.expand(R, N) + first_sorted.double()
+    out = torch.empty(R, N, dtype=torch.float64, device=device)
+    out.scatter_(1, order, value_sorted)
+    return out.to(scores_RN.dtype if scores_RN.is_floating_point() else torch.float32)
+
+
 def align_rows(map_R: torch.Tensor, from_guidance: GuidanceMode, ctx: ScaleContext) -> torch.Tensor:
     """Rows of a map recorded under ``from_guidance`` that correspond to the rows computed at ``ctx``.
 
@@ -155,4 +200,5 @@ def may_prune_next(si: int, num_scales: int, signals: Signals) -> bool:
 
 __all__ = ["MISSING_FILLS", "RECEIVED_MASS_KEY", "align_rows", "fill_missing", "first_occurrence_Rn",
            "may_prune_at", "may_prune_next", "query_attention_entropy", "received_attention_mass",
-           "record_attention_entropy", "record_received_mass", "scatter_to_map"]
+           "record_attention_entropy", "record_received_mass", "region_floor", "region_ids", "region_priority",
+           "region_quotas", "scatter_to_map"]

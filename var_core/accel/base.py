@@ -75,11 +75,12 @@ class Needs:
     block_io: bool = False
     branch_outputs: bool = False
     logits: bool = False
+    decoded_image: bool = False  # the latent decoded after this scale (ScaleRecord.image_B3HW): one VAE decode
 
     def __or__(self, other: "Needs") -> "Needs":
         return Needs(self.attention_blocks | other.attention_blocks, self.lens_blocks | other.lens_blocks,
                      self.block_io or other.block_io, self.branch_outputs or other.branch_outputs,
-                     self.logits or other.logits)
+                     self.logits or other.logits, self.decoded_image or other.decoded_image)
 
 
 NO_NEEDS = Needs()
@@ -159,6 +160,11 @@ class Schedule(Component):
         """Whether this schedule may prune anything at this scale (cheap; decides the loop's fast path)."""
         return True
 
+    def skips_scale(self, ctx: ScaleContext, signals: Signals) -> bool:
+        """Whether this scale is pruned 100 %, i.e. not generated (``fixed_table``'s ratio 1.0). The policy skips
+        it when acceleration is active for every sample."""
+        return False
+
     def keep_counts(self, ctx: ScaleContext, block: int, branch: str, scores_RN: torch.Tensor,
                     signals: Signals) -> torch.Tensor | None:
         """int64 ``[R]`` tokens to keep per row (N = dense), or None for a dense block."""
@@ -175,6 +181,10 @@ class Restorer(Component):
     def restore(self, ctx: ScaleContext, block: int, branch: str, out_kept_RnC: torch.Tensor,
                 keep_Rn: torch.Tensor, x_RNC: torch.Tensor, signals: Signals) -> torch.Tensor:
         raise NotImplementedError
+
+    def latent_mask(self, ctx: ScaleContext, signals: Signals) -> torch.Tensor | None:
+        """bool ``[B, N]``: tokens whose sampled residual enters the latent at this scale (None: all of them)."""
+        return None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ How the CFG halves are combined is a RECONSTRUCTED choice (specs/methods.md §2.
 are present"); ``combine`` selects it:
 
 * ``guided`` (default) — entropy of the guided logits ``ℓ = α·ℓ_u + β·(ℓ_c − ℓ_u)`` in the family's convention
-  (VAR: ``α = 1, β = 1 + cfg·si/(K−1)``; Infinity: ``α = 1/τ, β = cfg/τ``). Components do not see the sampling
+  (VAR and HART: ``α = 1, β = 1 + cfg·si/(K−1)``, HART's last scale at ``si = K−2``; Infinity: ``α = 1/τ,
+  β = cfg/τ``). Components do not see the sampling
   settings, so with ``guidance_scale=None`` the weights are INFERRED per sample from the latest computed scale,
   by least squares of its guided logits on its raw ``(ℓ_u, ℓ_c − ℓ_u)`` rows (exact for Infinity's constant
   cfg and temperature, and for samples whose guidance was stopped, β = α = 1); for VAR the guidance part is then
@@ -63,13 +64,19 @@ def _fit_weights(raw_RNV: torch.Tensor, guided_BNV: torch.Tensor, B: int) -> tup
     return alpha.float(), beta.float()
 
 
+def _ramp_position(family: str, si: int, K: int) -> int:
+    """Where scale ``si`` sits on the linear CFG ramp ``t = cfg·pos/(K−1)`` (VAR: ``si``; HART reuses the ratio of
+    scale ``K−2`` at its last scale)."""
+    return min(si, max(K - 2, 0)) if family == "hart" else si
+
+
 def guidance_weights(ctx: ScaleContext, signals: Signals, guidance_scale: float | None = None,
                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(α [B], β [B])`` with guided logits ``α·ℓ_u + β·(ℓ_c − ℓ_u)`` at scale ``ctx`` (see module docstring)."""
     B, si, K = ctx.batch_size, ctx.scale_index, ctx.num_scales
     if guidance_scale is not None:
-        if ctx.family == "var":
-            alpha, beta = 1.0, 1.0 + guidance_scale * si / max(1, K - 1)
+        if ctx.family in ("var", "hart"):
+            alpha, beta = 1.0, 1.0 + guidance_scale * _ramp_position(ctx.family, si, K) / max(1, K - 1)
         else:
             alpha, beta = 1.0 / temperature, guidance_scale / temperature
         return torch.full((B,), alpha), torch.full((B,), beta)
@@ -78,8 +85,9 @@ def guidance_weights(ctx: ScaleContext, signals: Signals, guidance_scale: float 
             or record.guided_logits_BNV is None):
         return torch.ones(B), torch.ones(B)
     alpha, beta = _fit_weights(record.raw_logits_RNV, record.guided_logits_BNV, B)
-    if ctx.family == "var":  # linear CFG ramp: t_si = cfg * si / (K - 1)
-        ramp = si / record.scale_index if record.scale_index > 0 else 0.0
+    if ctx.family in ("var", "hart"):  # linear CFG ramp: t_si = cfg * si / (K - 1) (HART: see _ramp_position)
+        prev = _ramp_position(ctx.family, record.scale_index, K)
+        ramp = _ramp_position(ctx.family, si, K) / prev if prev > 0 else 0.0
         beta = alpha + (beta - alpha) * ramp
     return alpha, beta
 

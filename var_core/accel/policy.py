@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -58,13 +58,22 @@ class PolicyConfig:
                             choices=("block", "branch"))
     exempt_first_blocks: int = knob(0, "blocks at the start that are never pruned (FastVAR's Infinity code: 3)",
                                     low=0)
-    exempt_last_blocks: int = knob(0, "blocks at the end that are never pruned (FastVAR's Infinity code: 4)", low=0)
+    exempt_last_blocks: int = knob(0, "blocks at the end that are never pruned (counted from the model's last "
+                                   "block)", low=0)
+    # Optional[int], not ``int | None``: knobs.coerce reads "--set pruned_blocks_end=none" only for the former
+    pruned_blocks_end: Optional[int] = knob(None, "blocks with this absolute index and above are never pruned "
+                                            "(FastVAR's Infinity code prunes range(3, 28): exempt_first_blocks=3, "
+                                            "pruned_blocks_end=28, whatever the depth); None = no absolute end",
+                                            low=0)
     min_keep: int = knob(1, "smallest number of tokens any pruned branch keeps per row", low=1)
     rank_bits: int = knob(16, "scores are rounded to steps of 2^-rank_bits of the row's largest finite |score| "
                           "before ranking (ties go to the lower position), so float noise from batch-size-"
                           "dependent kernels (~1e-6 relative) cannot reorder near-ties: a sample keeps the same "
                           "tokens alone and in a batch. 0 ranks the raw scores (the official codes' topk)",
                           low=0, high=52)
+    per_model: str = knob("", "name of a preset whose authors' setting for the model in hand (family, depth, "
+                          "schedule) this config is resolved to when a generation starts (presets.resolve_config): "
+                          "values you changed from that preset's generic config are kept. '' = run as given")
 
     def __post_init__(self) -> None:
         for kind in COMPONENT_KINDS:
@@ -114,8 +123,17 @@ class AccelPolicy(Policy):
     """Runs a :class:`PolicyConfig` through the engine's slots. Per-generation state lives in ``signals``."""
 
     def __init__(self, config: PolicyConfig):
-        self.config = config
+        self.requested = config  # as given; ``config`` is the one in force (resolved for the model at start)
         self.name = config.name
+        self._build(config)
+        self.signals: Signals | None = None
+        self._tracer = None
+        self._active_B: torch.Tensor | None = None
+        self._block_selection: dict[int, Any] = {}
+        self.history: list[dict] = []  # per-scale diagnostics of the last generation
+
+    def _build(self, config: PolicyConfig) -> None:
+        self.config = config
         self.parts: dict[str, Component] = {
             kind: REGISTRIES[kind].get(cfg.component_name)(cfg) for kind, cfg in config.components().items()
         }
@@ -125,15 +143,21 @@ class AccelPolicy(Policy):
         self.restorer = self.parts["restorer"]
         self.guidance = self.parts["guidance"]
         self.skip = self.parts["skip"]
-        self.signals: Signals | None = None
-        self._tracer = None
-        self._active_B: torch.Tensor | None = None
-        self._block_selection: dict[int, Any] = {}
-        self.history: list[dict] = []  # per-scale diagnostics of the last generation
+
+    def resolve_for(self, info: GenerationInfo) -> PolicyConfig:
+        """Put the config resolved for the model ``info`` describes in force (``per_model``); returns it."""
+        if self.requested.per_model:
+            from .presets import resolve_config  # presets import this module
+
+            resolved = resolve_config(self.requested, info)
+            if resolved != self.config:
+                self._build(resolved)
+        return self.config
 
     # lifecycle -----------------------------------------------------------------------------------------
     def check_model(self, info: GenerationInfo) -> None:
         """Raise ``ValueError`` naming the component if any part cannot run on the model ``info`` describes."""
+        self.resolve_for(info)
         for kind, part in self.parts.items():
             try:
                 part.check_model(info)
@@ -141,6 +165,7 @@ class AccelPolicy(Policy):
                 raise ValueError(f"{kind} {type(part).__name__}: {exc}") from None
 
     def start(self, info: GenerationInfo) -> None:
+        self.resolve_for(info)
         self.signals = Signals(info)
         self._tracer = info.tracer
         self.history = []
@@ -161,10 +186,13 @@ class AccelPolicy(Policy):
         if skip.stop or skip.skip:
             self.history.append(dict(scale=ctx.scale_index, stop=skip.stop, skip=skip.skip))
             return ScalePlan(stop=skip.stop, skip=skip.skip)
-        with self._span("guidance", ctx.scale_index):
-            decision = self.guidance.decide(ctx, signals)
         with self._span("activation", ctx.scale_index):
             active_B = self.activation.active_B(ctx, signals)
+        if self.schedule.skips_scale(ctx, signals) and bool(active_B.all()):  # 100 % pruning: not generated
+            self.history.append(dict(scale=ctx.scale_index, stop=False, skip=True))
+            return ScalePlan(skip=True)
+        with self._span("guidance", ctx.scale_index):
+            decision = self.guidance.decide(ctx, signals)
         self._active_B = active_B
         self._block_selection = {}
         prune = bool(active_B.any()) and self.schedule.prunes_scale(ctx, signals)
@@ -177,12 +205,14 @@ class AccelPolicy(Policy):
         return ScalePlan(
             guidance=decision.mode, prune=prune, attention_blocks=needs.attention_blocks,
             lens_blocks=needs.lens_blocks, observe_blocks=needs.block_io, observe_branches=needs.branch_outputs,
-            cond_only_B=decision.cond_only_B,
+            cond_only_B=decision.cond_only_B, decode_latent=needs.decoded_image,
         )
 
     def plan_block(self, ctx: ScaleContext, block: int, branch: str, x_RNC: torch.Tensor):
         cfg = self.config
         if block < cfg.exempt_first_blocks or block >= ctx.num_blocks - cfg.exempt_last_blocks:
+            return None
+        if cfg.pruned_blocks_end is not None and block >= cfg.pruned_blocks_end:
             return None
         if cfg.granularity == "block" and block in self._block_selection:
             return self._block_selection[block]
@@ -224,6 +254,9 @@ class AccelPolicy(Policy):
     def restore(self, ctx, block, branch, out_kept_RnC, keep_Rn, x_RNC):
         with self._span("restorer", ctx.scale_index, block):
             return self.restorer.restore(ctx, block, branch, out_kept_RnC, keep_Rn, x_RNC, self.signals)
+
+    def latent_mask(self, ctx):
+        return self.restorer.latent_mask(ctx, self.signals)
 
     def observe_branch(self, ctx, block, branch, out_RNC):
         for part in self.parts.values():

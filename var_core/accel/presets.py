@@ -4,15 +4,26 @@ Each preset composes registered components with the paper's defaults (see specs/
 setting is tied to Infinity-1024's 13-scale schedule, the preset maps it onto the model at hand by position from
 the end of the schedule (documented per preset). What a preset leaves out of the original method is stated in
 its docstring — a preset never pretends to be more than it is.
+
+**Per-model presets.** Some authors published a setting per model family (FastVAR: one for Infinity, one for
+HART, none for VAR). Such a preset is declared ``@preset(name, per_model=True)`` and takes ``model`` (a
+:class:`ModelKey`: family, depth, scale grids; ``None`` = the generic config). ``get_preset(name)`` returns the
+generic config, marked ``per_model=name``; when a generation starts (``AccelPolicy.start``, also
+``check_model``) :func:`resolve_config` replaces it by the preset's config for the model in hand. Values changed
+from the generic config (``--set``, sweeps, ablation swaps) are kept over the per-model setting, knob by knob.
+Runners record the resolved config, so a record's ``config_hash`` names what ran; :func:`resolved_settings`
+describes each family's setting (``python -m studies.ablate ls``).
 """
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
+import functools
+from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import UserError
-from .policy import PolicyConfig, component_config
+from ..errors import UserError, did_you_mean
+from .policy import COMPONENT_KINDS, PolicyConfig, component_config
 
 
 class UnknownPresetError(UserError, KeyError):
@@ -20,29 +31,159 @@ class UnknownPresetError(UserError, KeyError):
 
 
 PRESETS: dict[str, Callable[..., PolicyConfig]] = {}
+PER_MODEL: set[str] = set()  # presets whose setting depends on the model (they take ``model=``)
 
 
-def preset(name: str):
+@dataclass(frozen=True)
+class ModelKey:
+    """What a per-model preset may read of the model in hand: family, depth and the scales' token grids."""
+
+    family: str
+    num_blocks: int
+    scale_hw: tuple[tuple[int, int], ...]
+
+    @staticmethod
+    def from_info(info) -> "ModelKey":
+        """From a :class:`~var_core.engine.context.GenerationInfo` (or anything with the same three fields)."""
+        return ModelKey(str(info.family), int(info.num_blocks), tuple(tuple(int(v) for v in hw)
+                                                                     for hw in info.scale_hw))
+
+
+INFINITY_1M = ((1, 1), (2, 2), (4, 4), (6, 6), (8, 8), (12, 12), (16, 16), (20, 20), (24, 24), (32, 32), (40, 40),
+               (48, 48), (64, 64))
+# the model each family's setting is described on (``resolved_settings``; the setting itself reads the real model)
+REFERENCE_MODELS: dict[str, tuple[str, ModelKey]] = {
+    "var": ("VAR-d16, 256 px, 10 scales", ModelKey("var", 16, tuple((p, p) for p in (1, 2, 3, 4, 5, 6, 8, 10, 13,
+                                                                                     16)))),
+    "infinity": ("Infinity-2B, 1024 px, 13 scales", ModelKey("infinity", 32, INFINITY_1M)),
+    "hart": ("HART-0.7B, 1024 px, 14 scales", ModelKey("hart", 24, tuple((p, p) for p in (
+        1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64)))),
+}
+
+
+def preset(name: str, *, per_model: bool = False):
+    """Register a preset function. ``per_model=True``: it takes ``model: ModelKey | None`` (None = the generic
+    config) and its configs are marked ``per_model=name``, so they are resolved for the model at start."""
+
     def decorator(fn: Callable[..., PolicyConfig]) -> Callable[..., PolicyConfig]:
         if name in PRESETS:
             raise ValueError(f"preset {name!r} already defined")
-        PRESETS[name] = fn
-        return fn
+        if not per_model:
+            PRESETS[name] = fn
+            return fn
+
+        @functools.wraps(fn)
+        def marked(*args, **kwargs) -> PolicyConfig:
+            return dataclasses.replace(fn(*args, **kwargs), per_model=name)
+
+        PRESETS[name] = marked
+        PER_MODEL.add(name)
+        return marked
 
     return decorator
 
 
+def _unknown_preset(name: str) -> UnknownPresetError:
+    return UnknownPresetError(f"unknown preset {name!r}.{did_you_mean(name, PRESETS)} "
+                              f"Presets: {', '.join(sorted(PRESETS))}")
+
+
 def get_preset(name: str, **overrides) -> PolicyConfig:
     if name not in PRESETS:
-        close = difflib.get_close_matches(name, list(PRESETS), n=3, cutoff=0.4)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise UnknownPresetError(f"unknown preset {name!r}.{hint} Presets: {', '.join(sorted(PRESETS))}")
+        raise _unknown_preset(name)
     return PRESETS[name](**overrides)
 
 
 def preset_summary(name: str) -> str:
     doc = (PRESETS[name].__doc__ or "").strip()
     return doc.splitlines()[0] if doc else ""
+
+
+def _changed(config, generic, target):
+    """``target`` with every knob where ``config`` differs from ``generic`` set to ``config``'s value (a component
+    whose name differs from the generic one is taken from ``config`` whole)."""
+    if config == generic:
+        return target
+    if type(config) is not type(generic) or type(target) is not type(generic):
+        return config
+    changes = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+               if getattr(config, f.name) != getattr(generic, f.name)}
+    return dataclasses.replace(target, **changes)
+
+
+def resolve_config(config: PolicyConfig, model) -> PolicyConfig:
+    """The config that runs on ``model`` (a :class:`ModelKey` or a ``GenerationInfo``).
+
+    ``config.per_model`` empty: ``config`` itself. Otherwise the named preset's config for the model, with every
+    value in which ``config`` differs from that preset's generic config kept (component knobs one by one; a
+    swapped component whole; the ``name`` label always), and ``per_model`` cleared: the result is concrete, so
+    resolving it again changes nothing and its hash is what runs. Caveat: a value set *equal* to the generic one
+    cannot be told from an untouched one, so the per-model value wins there (e.g. ``restorer.cache_scale=-3`` on
+    ``fastvar``, whose Infinity setting caches at the 24×24 scale); to set such a value, resolve first and change
+    the resolved config. Raises ``ValueError`` (with the fix) when the preset has no setting for the model.
+    """
+    name = config.per_model
+    if not name:
+        return config
+    if name not in PER_MODEL:
+        raise _unknown_preset(name) if name not in PRESETS else UserError(
+            f"per_model={name!r}: preset {name!r} has one setting for every model; set per_model to one of "
+            f"{', '.join(sorted(PER_MODEL))} or to '' (run as given)")
+    key = model if isinstance(model, ModelKey) else ModelKey.from_info(model)
+    generic, target = PRESETS[name](), PRESETS[name](model=key)
+    fields = {}
+    for f in dataclasses.fields(PolicyConfig):
+        mine, base, theirs = getattr(config, f.name), getattr(generic, f.name), getattr(target, f.name)
+        if f.name == "name":
+            fields[f.name] = mine
+        elif f.name in COMPONENT_KINDS:
+            fields[f.name] = _changed(mine, base, theirs)
+        else:
+            fields[f.name] = mine if mine != base else theirs
+    fields["per_model"] = ""
+    return PolicyConfig(**fields)
+
+
+def describe_config(config: PolicyConfig) -> str:
+    """One line: every acting component with all its knobs, then the policy options that differ from
+    :class:`PolicyConfig`'s defaults (``name`` and ``per_model`` left out). Components that do nothing are left
+    out: ``none`` / ``full`` ones, and scorer, schedule and restorer under the ``never`` activation."""
+    inert = {"skip": ("none",), "guidance": ("full",), "activation": ("never",)}
+    never = config.activation.component_name == "never"
+    parts = []
+    for kind in COMPONENT_KINDS:
+        cfg = getattr(config, kind)
+        if cfg.component_name in inert.get(kind, ()) or (never and kind in ("scorer", "schedule", "restorer")):
+            continue
+        knobs = [f"{f.name}={_text(getattr(cfg, f.name))}" for f in dataclasses.fields(cfg)]
+        parts.append(f"{kind}={cfg.component_name}" + (f"({', '.join(knobs)})" if knobs else ""))
+    plain = PolicyConfig()
+    for f in dataclasses.fields(PolicyConfig):
+        if f.name in COMPONENT_KINDS or f.name in ("name", "per_model"):
+            continue
+        if getattr(config, f.name) != getattr(plain, f.name):
+            parts.append(f"{f.name}={_text(getattr(config, f.name))}")
+    return "; ".join(parts) if parts else "the plain model"
+
+
+def _text(value) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_text(v) for v in value) + ")"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def resolved_settings(name: str) -> dict[str, str]:
+    """Family → what preset ``name`` runs on that family's reference model (``REFERENCE_MODELS``), one line each:
+    ``"<reference model>: <describe_config>"``, or ``"not available: <why>"``. A preset with one setting for
+    every model gives the same description for each family."""
+    config = get_preset(name)
+    out = {}
+    for family, (label, key) in REFERENCE_MODELS.items():
+        try:
+            out[family] = f"{label}: {describe_config(resolve_config(config, key))}"
+        except ValueError as exc:
+            out[family] = f"not available: {exc}"
+    return out
 
 
 def _c(kind: str, name: str, **params):
@@ -57,15 +198,22 @@ def baseline() -> PolicyConfig:
 
 @preset("nova")
 def nova() -> PolicyConfig:
-    """NOVA: entropy-inflection activation, dual-linkage ratios, logit-lens entropy top-k, residual cache reuse.
+    """NOVA: entropy-inflection activation, dual-linkage ratios, predictive-entropy top-k, residual cache reuse.
 
-    Defaults t_est=5, α=0.5, τ=0.8, λ=0.1 (paper §4.1); every RECONSTRUCTED wiring choice keeps its component
-    default (see the components' docstrings).
+    Defaults t_est=5, α=0.5, τ=0.8, λ=0.1 (paper §4.1). As the authors ran it where the paper says so: tokens are
+    ranked by the entropy of the predictive distribution already produced (errata 5, NOVA's O(N_t·|V|) cost model:
+    the previous scale's sampled distribution, upsampled — scorer ``source="predictive"``), the activation uses the
+    spec's signed test ``δ_t < α·ḡ`` per sample. Ours (RECONSTRUCTED, component docstrings): the layer linkage reads
+    the logit lens entering each block (one head projection per block at pruned scales; a fixed per-block profile
+    instead: ``--set schedule.layer_profile=...``, measured with ``_linkage_math.measure_layer_profile``); every
+    other wiring choice keeps its component default. Batch activation is per sample (NOVA Table 9 runs batch 5
+    without saying how a batch decides: ``activation.scope``). On a codebook VAR the per-token entropy falls with
+    scale and the signed test rarely fires: ``--set activation.growth_test=magnitude`` detects the flattening.
     """
     return PolicyConfig(
         name="nova",
-        scorer=_c("scorer", "entropy", source="lens"),
-        activation=_c("activation", "entropy_inflection"),
+        scorer=_c("scorer", "entropy", source="predictive"),
+        activation=_c("activation", "entropy_inflection", growth_test="signed", scope="sample"),
         schedule=_c("schedule", "dual_linkage"),
         restorer=_c("restorer", "residual_reuse"),
         cfg_rows="shared",
@@ -73,51 +221,164 @@ def nova() -> PolicyConfig:
     )
 
 
-@preset("fastvar")
-def fastvar() -> PolicyConfig:
-    """FastVAR: distance-to-mean token selection before every sub-layer, fixed ratios on the last scales, cached
-    sub-layer outputs of the scale before the pruned ones (area-upsampled).
+def _fastvar_machinery(**fields) -> PolicyConfig:
+    """FastVAR's PTS + CTR: distance-to-mean scores re-selected before every sub-layer, per network row."""
+    return PolicyConfig(name="fastvar", scorer=_c("scorer", "mse", mode="mean_distance"), cfg_rows="per_row",
+                        granularity="branch", **fields)
 
-    Mapping: the Infinity code prunes the 32 and 40 scales by 0.4 / 0.5 and skips 48 and 64 entirely; on a
-    10-scale VAR schedule we prune the last two scales by 0.4 / 0.5 and skip none (skipping the last two VAR
-    scales would drop 62 % of the tokens of a 256-px image; the ``skip`` ablation covers it).
+
+# FastVAR's released (width → removal ratio) tables; 1.0 = the scale is not generated
+FASTVAR_TABLES = {"infinity": ((32, 40, 48, 64), (0.4, 0.5, 1.0, 1.0)), "hart": ((48, 64), (0.5, 0.75))}
+FASTVAR_CACHE_GRID = {"infinity": (24, 24), "hart": (36, 36)}  # cached_size / cache_scale_step of the code
+
+
+def _cache_scale(scale_hw, grid: tuple[int, int], widths: tuple[int, ...]) -> int:
+    """Index of the scale with the token grid ``grid`` (the released code caches there). A schedule without it
+    (not one the code was written for): the scale before the first tabulated width, FastVAR's K−N rule (ours)."""
+    for si, hw in enumerate(scale_hw):
+        if tuple(hw) == tuple(grid):
+            return si
+    first = next((si for si, hw in enumerate(scale_hw) if hw[1] in widths), len(scale_hw))
+    return max(first - 1, 0)
+
+
+def _fastvar_released(model: ModelKey, widths: tuple[int, ...], ratios: tuple[float, ...]) -> PolicyConfig:
+    """FastVAR's released code for ``model.family`` (``infinity`` or ``hart``) with a width-keyed table.
+
+    Infinity (csguoh/FastVAR ``Infinity/``, errata 7): blocks 3..27 only (absolute indices), the 24×24 cache,
+    scores ranked raw (the code's argsort). HART (``HART/``, specs/hart.md §9.1): every block, both sub-layers,
+    the 36×36 cache, no scale skipped. The cache scale is an index of ``model``'s schedule (a sweep of
+    ``restorer.cache_scale`` then changes it, as it should).
     """
-    return PolicyConfig(
-        name="fastvar",
-        scorer=_c("scorer", "mse", mode="mean_distance"),
+    cache = _cache_scale(model.scale_hw, FASTVAR_CACHE_GRID[model.family], widths)
+    released = dict(activation=_c("activation", "fixed", start_scale=0),  # the width table decides where
+                    schedule=_c("schedule", "fixed_table", widths=widths, ratios=ratios),
+                    restorer=_c("restorer", "static_cache", cache_scale=cache), rank_bits=0)
+    if model.family == "infinity":
+        return _fastvar_machinery(exempt_first_blocks=3, pruned_blocks_end=28, **released)
+    return _fastvar_machinery(**released)
+
+
+@preset("fastvar", per_model=True)
+def fastvar(model: ModelKey | None = None) -> PolicyConfig:
+    """FastVAR: distance-to-mean token selection before every sub-layer, fixed ratios on the last scales, cached
+    sub-layer outputs of an earlier scale (area-upsampled); the released code's setting per family.
+
+    Knob that matters: ``schedule.ratios`` (the removal ratio per tabulated width; 1.0 = not generated).
+
+    * **Infinity** = the released code, bit for bit (tested against its goldens, errata 7): ratios keyed on the
+      token map's width, 32 → 0.4 and 40 → 0.5 removed; widths 48 and 64 are not generated (ratio 1.0; the image
+      is decoded from the codes summed up to the 40 scale); blocks 3 ≤ l < 28 only (``exempt_first_blocks=3``,
+      ``pruned_blocks_end=28``, absolute, whatever the depth); branch outputs cached at the 24×24 scale; raw scores
+      ranked (``rank_bits=0``, the code's argsort: the fixture's goldens match with 0 and with the default 16,
+      whose grid could move the cut where kept and removed scores are closer than 2^-16 of the row's largest;
+      0 gives up the grid's batch-size invariance for near-ties). A schedule with none of these widths (below
+      512 px) is not accelerated, as with the released code; one without a 24×24 scale caches at the scale before
+      the first tabulated width (ours: the code assumes 24×24).
+    * **HART** = the released HART port (specs/hart.md §9.1): 48 → 0.5 and 64 → 0.75 removed, every block, the
+      36×36 cache, nothing skipped (the HART model is not in this tree yet).
+    * **VAR** (and any other family): FastVAR publishes no VAR setting. Our mapping (a choice of ours; the
+      alternatives are ``--set`` away, e.g. ``skip.count`` with ``skip=skip_last``): the last two scales pruned
+      by 0.4 / 0.5, cache at the scale before them (−3), every block, none skipped (skipping the last two VAR
+      scales would drop 62 % of a 256-px image's tokens; the ``skip`` ablation covers it). This is also the
+      generic config ``get_preset("fastvar")`` returns before a model is known.
+    """
+    if model is not None and model.family in FASTVAR_TABLES:
+        return _fastvar_released(model, *FASTVAR_TABLES[model.family])
+    return _fastvar_machinery(
         activation=_c("activation", "fixed", start_scale=-2),
         schedule=_c("schedule", "fixed_table", ratios=(0.4, 0.5)),
         restorer=_c("restorer", "static_cache", cache_scale=-3),
-        cfg_rows="per_row",
-        granularity="branch",
     )
+
+
+@preset("fastvar_toprovar", per_model=True)
+def fastvar_toprovar(model: ModelKey | None = None) -> PolicyConfig:
+    """FastVAR as ToProVAR re-ran it (ToProVAR Table 8): 32 → 0.4, 40 → 0.6, widths 48 and 64 not generated.
+
+    Table 8 gives Infinity-2B {10: 0.4; 11: 0.6} and Infinity-8B {10: 0.4; 11: 0.6; 12: 1.0; 13: 1.0}, 1-indexed
+    scales of the 13-scale 1024-px schedule (10 = 32×32 … 13 = 64×64). Our reading, RECONSTRUCTED: the 2B row
+    also leaves 48 and 64 out — Table 7 lists Infinity-2B with 11 scales, which is what FastVAR's released 2B code
+    generates (it skips 48 and 64 in its scale loop), and the reported 2.6× (Table 1) is out of reach if they are
+    generated dense (FLOPs-ideal 1.14× on Infinity-2B, docs/benchmarks.md). So both rows give the same config;
+    the literal 2B row is ``--set schedule.ratios=0.4,0.6,0,0`` (48 and 64 dense). Everything else is
+    ``fastvar``'s Infinity setting: the 24×24 cache, raw ranking, blocks 3..27 — on the 40-block 8B too, as the
+    released window is absolute (RECONSTRUCTED: ToProVAR does not say; ``--set pruned_blocks_end=none --set
+    exempt_last_blocks=4`` exempts the 8B's last 4 instead, the depth-relative reading). On HART, FastVAR's
+    released HART setting (ToProVAR Table 9 re-ran it; Table 8 has no HART row); not available on other families.
+    """
+    model = model or REFERENCE_MODELS["infinity"][1]
+    if model.family == "infinity":
+        return dataclasses.replace(_fastvar_released(model, (32, 40, 48, 64), (0.4, 0.6, 1.0, 1.0)),
+                                   name="fastvar_toprovar")
+    if model.family == "hart":
+        return dataclasses.replace(_fastvar_released(model, *FASTVAR_TABLES["hart"]), name="fastvar_toprovar")
+    raise ValueError(f"ToProVAR's FastVAR settings (Table 8) are for Infinity (and FastVAR's own for HART), not "
+                     f"for family {model.family!r}: use the preset 'fastvar' there")
 
 
 @preset("ldpruning")
 def ldpruning() -> PolicyConfig:
     """LD-Pruning: Haar high-frequency energy of the previous residual map (LHEP), keep ρ=0.5 of the energy,
-    restore from the latest scale's outputs, stop the unconditional branch adaptively (SATS, δ=0.15)."""
+    pruned positions get no new residual (sparse residual tokens), stop the unconditional branch adaptively (SATS,
+    δ=0.15).
+
+    As the paper ran it on Infinity-1024 (§6.1, errata 1–4), mapped by position from the end on other schedules:
+    LHEP prunes the last 3 scales (10–12 of 13: 40, 48, 64), measured on the previous residual's own grid; sparse
+    inference on the kept inputs yields *sparse residual tokens* (§5.3: pruned positions receive no new residual
+    at that scale, the ``sparse_residual`` restorer; FastVAR-style cache restoration is the alternative:
+    ``get_preset("ldpruning").replace_component("restorer", "static_cache", cache_scale=-4, refresh="latest")``); SATS may drop the unconditional branch on the last 4 (9–12; guidance
+    ``scales`` option for the other reading). Not the paper's: a 5 % minimum keep
+    (``schedule.min_keep_fraction``, a guard of ours); γ_k's formula, the aggregation window and the energy-map
+    resize are RECONSTRUCTED (component docstrings).
+    """
     return PolicyConfig(
         name="ldpruning",
-        scorer=_c("scorer", "lhep", extractor="haar"),
+        scorer=_c("scorer", "lhep", extractor="haar", grid="native"),
         activation=_c("activation", "fixed", start_scale=-3),
         schedule=_c("schedule", "energy_fraction"),
-        restorer=_c("restorer", "static_cache", cache_scale=-4, refresh="latest"),
-        guidance=_c("guidance", "sats"),
+        restorer=_c("restorer", "sparse_residual"),
+        guidance=_c("guidance", "sats", min_scale=-4),
         cfg_rows="shared",
         granularity="block",
     )
 
 
+@preset("ldpruning_skip")
+def ldpruning_skip() -> PolicyConfig:
+    """LD-Pruning in its FastVAR-fair setting: ``ldpruning`` with the last two scales skipped (11–12 of 13).
+
+    FOUND(paper §6.1, errata 4): "when comparing with FastVAR, we use the same setting by skipping scales 11 to
+    12". So LHEP prunes only scale 10 (−3) and SATS can act at 9 and 10; the image is decoded from the latent
+    summed up to scale 10. Leaves out what ``ldpruning`` leaves out.
+    """
+    import dataclasses
+
+    base = ldpruning()
+    return dataclasses.replace(base, name="ldpruning_skip", skip=_c("skip", "skip_last", count=2))
+
+
 @preset("toprovar")
 def toprovar() -> PolicyConfig:
-    """ToProVAR: attention-entropy pruning depth D (τ=0.4), Global/Detail layers by SVD, entropy token gate in
-    Detail layers; pruned tokens pass through (identity)."""
+    """ToProVAR: attention-entropy pruning depth D (τ=0.4), Global/Detail layers by SVD per scale, entropy token
+    gate in Detail layers with the appendix safety fallbacks; pruned tokens pass through (identity).
+
+    As the paper describes it: D = the first scale whose share of below-mean attention-entropy tokens is ≤ τ
+    (appendix reading of Eq. 3; never crossing → no pruning); layers re-classified at every scale from s_rep on
+    (errata 9, Fig. 4(b)); φ(s) = s/S_max with S_max = the model's scale count (``schedule.s_max``); the
+    fallbacks: an ambiguous layer (R within 0.05 of the threshold) runs dense, and every cell of a 4×4 grid keeps
+    ≥ 10 % of its tokens (the gate floors the count, the scorer ranks each cell's quota first; both values ours,
+    the paper gives none). Not the paper's: β, α_min, α_max and the threshold are uncalibrated (not published),
+    Ĥ is max-normalised (the printed H/ΣH collapses the gate), the gate's entropies come from the previous scale,
+    and the depth test is taken on block 0's attention at the end of the scale (pruning from the next one). The
+    adaptive scale-depth exit of ToProVAR Table 10 is the ``depth_exit`` skip, not part of this preset.
+    """
     return PolicyConfig(
         name="toprovar",
-        scorer=_c("scorer", "attention"),
+        scorer=_c("scorer", "attention", min_region_keep=0.1, regions=4),
         activation=_c("activation", "low_entropy_ratio"),
-        schedule=_c("schedule", "toprovar_gate"),
+        schedule=_c("schedule", "toprovar_gate", layer_classes="per_scale", ambiguity_margin=0.05,
+                    min_region_keep=0.1, regions=4, s_max=0),
         restorer=_c("restorer", "identity"),
         cfg_rows="shared",
         granularity="block",
@@ -141,33 +402,38 @@ def sparsevar() -> PolicyConfig:
 
 @preset("skipvar")
 def skipvar() -> PolicyConfig:
-    """SkipVAR, static rule: skip the last scale and drop the unconditional branch two scales before the end.
+    """SkipVAR, static rule: nothing skipped (c = 0), the unconditional branch replaced on the last 3 scales.
 
-    The original chooses both per sample with a logistic-regression classifier trained on 3k Infinity-2B prompts
-    (Sobel and FFT features of two tiny VAE decodes); that learned decision model is NOT reproduced here.
+    SkipVAR never skips scales and replaces the unconditional branch at once (errata 8; FOUND(code): the uncond
+    decision is taken only when c = 0). This preset is that c = 0 branch with u = 3 (scales 10–12 of 13, the late
+    steps LD-Pruning §1 describes SkipVAR replacing, "typically 10 to 12"). Left out: the per-sample decision —
+    a logistic-regression classifier trained on 3k Infinity-2B prompts (Sobel and FFT features of two tiny VAE
+    decodes at scale 9) that picks c ∈ {0, …, 3} (skip the last c scales, guidance kept) or, only for c = 0, u;
+    the c > 0 arm is the ``skip_last`` component with full guidance.
     """
     return PolicyConfig(
         name="skipvar",
         guidance=_c("guidance", "stop_at", start_scale=-3),
-        skip=_c("skip", "skip_last", count=1),
     )
 
 
 @preset("stagevar")
 def stagevar() -> PolicyConfig:
-    """StageVAR, the null-condition + token-restoration part: the last scales run on the unconditional rows only,
+    """StageVAR, the null-condition + token-restoration part: the last 3 scales run on the unconditional rows only,
     with tokens sampled ∝‖x‖² and the rest restored from the previous scale's outputs.
 
-    Left out: the random-projection low-rank features (offline rank tables per chunk), and the released code's
+    The refinement stage is the last 3 scales (40, 48, 64 of Infinity-1024; errata 8): both parts act there. Left
+    out: the random-projection low-rank features (offline rank tables per chunk of L/8 blocks; the kept share here
+    is a flat 50 %, ours), the chunk-level (8 chunks) granularity (we select per block), and the released code's
     extra skip of the last two Infinity scales.
     """
     return PolicyConfig(
         name="stagevar",
         scorer=_c("scorer", "norm"),
-        activation=_c("activation", "fixed", start_scale=-2),
-        schedule=_c("schedule", "fixed_table", ratios=(0.5, 0.5)),
-        restorer=_c("restorer", "static_cache", cache_scale=-3, refresh="latest"),
-        guidance=_c("guidance", "null_late", count=2),
+        activation=_c("activation", "fixed", start_scale=-3),
+        schedule=_c("schedule", "fixed_table", ratios=(0.5, 0.5, 0.5)),
+        restorer=_c("restorer", "static_cache", cache_scale=-4, refresh="latest"),
+        guidance=_c("guidance", "null_late", count=3),
         cfg_rows="shared",
         granularity="block",
     )

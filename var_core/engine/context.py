@@ -54,6 +54,9 @@ class ScaleRecord:
     # per block, per branch: valid tokens summed over rows when the per-token work ran packed (ragged selections,
     # engine.packing), else None; empty when nothing was packed at this scale
     packed_tokens: tuple[tuple[int | None, ...], ...] = ()
+    # the image decoded from the latent accumulated up to this scale, [B, 3, H, W] in [0, 1]; only when the plan
+    # asked for it (ScalePlan.decode_latent: pixel-domain criteria such as LD-Pruning's |I_k - I_{k-1}|)
+    image_B3HW: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,9 @@ class ScalePlan:
     # Per-sample guidance stop while the batch still computes both halves (bool [B]); a policy switches
     # ``guidance`` to COND_ONLY (a physical row drop, which saves compute) once every sample agrees.
     cond_only_B: torch.Tensor | None = None
+    # decode the latent after this scale's update into ScaleRecord.image_B3HW (one VAE decode, traced as
+    # "accel/decode"); for pixel-domain token criteria
+    decode_latent: bool = False
 
 
 DENSE_PLAN = ScalePlan()

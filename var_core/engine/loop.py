@@ -198,11 +198,21 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     with tracer.span("sampling", si):
         guided_BNV = adapter.guide(state, si, raw_logits_RNV, sampling, plan.cond_only_B)
         tokens = adapter.sample(guided_BNV, sampling, generators, shared_generator)
+    keep_BN = policy.latent_mask(ctx)  # None: every token's residual enters the latent
     with tracer.span("latent_update", si):
-        residual = adapter.update_latent(state, si, tokens)
+        residual = (adapter.update_latent(state, si, tokens) if keep_BN is None
+                    else adapter.update_latent(state, si, tokens, keep_BN))
+    if ctx.is_last:  # e.g. HART's residual diffusion head (a no-op for VAR and Infinity)
+        with tracer.span("finish", si):
+            adapter.finish(state, x_RNC, tokens, sampling, generators, shared_generator)
+    image = None
+    if plan.decode_latent:
+        with tracer.span("accel/decode", si):
+            image = adapter.decode(state)
     return ScaleRecord(
         si, ctx.hw, skipped=False, guidance=ctx.guidance, tokens_BN=tokens, residual_BChw=residual,
         guided_logits_BNV=guided_BNV, raw_logits_RNV=raw_logits_RNV if options.keep_raw_logits else None,
         kept_tokens=tuple(kept_counts), lens_rows=tuple(lens_rows),
         packed_tokens=tuple(packed_counts) if any(c is not None for b in packed_counts for c in b) else (),
+        image_B3HW=image,
     )

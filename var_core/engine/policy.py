@@ -14,6 +14,8 @@ slot                   when                                        returns
 ``observe_block``      after each block, if declared               nothing
 ``observe_lens``       after each declared block (logit lens)      nothing
 ``observe_logits``     after scale k's head output                 nothing
+``latent_mask``        after sampling, before the latent update    bool ``[B, N]`` (tokens whose residual enters
+                                                                   the latent) or None (all)
 ``end_scale``          after sampling and latent update            nothing
 =====================  ==========================================  =========================================
 
@@ -100,6 +102,11 @@ class Policy:
 
     def observe_logits(self, ctx: ScaleContext, raw_logits_RNV: torch.Tensor) -> None:
         pass
+
+    def latent_mask(self, ctx: ScaleContext) -> torch.Tensor | None:
+        """bool ``[B, N]``: the tokens whose sampled residual enters the latent at this scale; the others add a zero
+        residual there (LD-Pruning's sparse residual tokens). Default None: every token's residual is accumulated."""
+        return None
 
     def end_scale(self, ctx: ScaleContext, record: ScaleRecord) -> None:
         pass

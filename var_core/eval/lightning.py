@@ -11,11 +11,18 @@ Reproducibility contract
   nor the number of devices, and each sample draws from its own generator (the engine's per-sample generators).
 * Batches are cut from the index order first and then dealt round-robin to the processes (whole batches), so a
   sample sits in the same batch with the same neighbours whatever the number of processes: DDP on N processes
-  returns exactly the records one process does. Every process writes its per-sample results to a shard; the
-  calling process merges the shards and sorts by sample index (duplicates, if any, are dropped).
-* With ``devices > 1`` and ``strategy="auto"`` the ``ddp_spawn`` strategy is used: the caller's process stays the
-  only one that continues after ``predict`` (the ``ddp`` subprocess launcher would re-run the whole calling script
-  in every process).
+  returns exactly the records one process does. At the end of ``predict`` every process's per-sample results go
+  to global rank 0 through the process group (``gather_object``; no folder is shared between nodes); rank 0
+  merges them and sorts by sample index (duplicates, if any, are dropped).
+* Where it runs is one decision, :func:`var_core.eval.distributed.resolve_launch` (accelerator ``auto`` decided
+  once, Lightning's ``devices`` forms, ``num_nodes``, the strategy, torchrun / SLURM). With ``devices > 1`` on one
+  node and ``strategy="auto"`` the ``ddp_spawn`` strategy is used: the caller's process stays the only one that
+  continues after ``predict``. With ``ddp`` (Lightning's launcher re-runs the command in every process), torchrun
+  or SLURM every process calls this function; rank 0 gets the run, the other ranks ``None``.
+* The model stays on the device it ran on: Lightning's strategy teardown moves the module back to the CPU after
+  ``predict``; :class:`GenerationModule` keeps it where it ran in the calling process, so work done after
+  ``predict`` (the runner's interleaved re-timing) runs on the device the user asked for. Each process's record
+  (``GenerationRun.processes``) says what actually ran: device, device name, dtype, attention backend, threads.
 
 What is timed
 -------------
@@ -54,8 +61,10 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from ..engine import GenerationOptions, Policy, SamplingConfig, generate
+from ..engine.adapters.base import adapter_modules
 from ..errors import UserError
 from ..engine.tracing import NULL_TRACER, CompositeTracer, Tracer
+from .distributed import Launch, resolve_launch
 
 __all__ = [
     "ConditionSet", "ConditionDataset", "GenerationDataModule", "GenerationModule", "GenerationRun",
@@ -91,10 +100,16 @@ def sample_seed(base_seed: int, index: int) -> int:
 
 @dataclass(frozen=True)
 class ConditionSet:
-    """Class labels with per-sample seeds derived from ``base_seed`` and the sample index."""
+    """Class labels with per-sample seeds derived from ``base_seed`` and the sample index; for text-to-image
+    models optionally a prompt per sample (``prompts``, with its ``tags`` / ``categories`` and ``prompt_ids``, the
+    prompt's position in its prompt file; see :meth:`from_prompts`)."""
 
     labels: tuple[int, ...]
     base_seed: int = 0
+    prompts: tuple[str, ...] | None = None
+    tags: tuple[str | None, ...] | None = None
+    categories: tuple[str | None, ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None
 
     @staticmethod
     def balanced(num_samples: int, num_classes: int, base_seed: int = 0) -> "ConditionSet":
@@ -105,6 +120,32 @@ class ConditionSet:
             raise ValueError(f"need at least one class, got {num_classes}")
         return ConditionSet(tuple(i % num_classes for i in range(num_samples)), int(base_seed))
 
+    @staticmethod
+    def from_prompts(prompts, num_samples: int | None = None, base_seed: int = 0, tags=None,
+                     categories=None) -> "ConditionSet":
+        """Sample ``i`` uses prompt ``i mod P`` (its repeat number is ``i // P``), so the first ``P`` samples
+        cover every prompt once and ``num_samples = 4·P`` gives GenEval's four images per prompt; ``None``: one
+        sample per prompt. ``labels`` hold the prompt's position (``prompt_ids``)."""
+        prompts = tuple(str(p) for p in prompts)
+        if not prompts:
+            raise ValueError("need at least one prompt")
+        n = len(prompts) if num_samples is None else int(num_samples)
+        if n < 1:
+            raise ValueError(f"need at least one sample, got {n}")
+        P = len(prompts)
+        ids = tuple(i % P for i in range(n))
+
+        def per_sample(values):
+            if values is None:
+                return None
+            values = tuple(values)
+            if len(values) != P:
+                raise ValueError(f"{len(values)} tags/categories for {P} prompts")
+            return tuple(None if values[j] is None else str(values[j]) for j in ids)
+
+        return ConditionSet(ids, int(base_seed), tuple(prompts[j] for j in ids), per_sample(tags),
+                            per_sample(categories), ids)
+
     def __len__(self) -> int:
         return len(self.labels)
 
@@ -112,19 +153,35 @@ class ConditionSet:
     def seeds(self) -> list[int]:
         return [sample_seed(self.base_seed, i) for i in range(len(self.labels))]
 
+    def inputs(self, indices: Sequence[int], device=None):
+        """What ``generate`` takes for the samples ``indices``: their prompts, or their labels as a tensor."""
+        if self.prompts is not None:
+            return [self.prompts[i] for i in indices]
+        return torch.tensor([self.labels[i] for i in indices], dtype=torch.long, device=device)
+
     def content_hash(self) -> str:
-        """Identifies the sample set (labels and seeds) in result records."""
-        payload = json.dumps({"labels": list(self.labels), "base_seed": self.base_seed, "seed_fn": "blake2b/v1"})
+        """Identifies the sample set (labels, seeds and any prompts) in result records."""
+        data: dict[str, Any] = {"labels": list(self.labels), "base_seed": self.base_seed, "seed_fn": "blake2b/v1"}
+        if self.prompts is not None:  # label-only sets keep the hash they always had
+            data.update(prompts=list(self.prompts), tags=None if self.tags is None else list(self.tags),
+                        categories=None if self.categories is None else list(self.categories),
+                        prompt_ids=None if self.prompt_ids is None else list(self.prompt_ids))
+        payload = json.dumps(data)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
-        return {"n": len(self.labels), "base_seed": self.base_seed, "labels": list(self.labels),
-                "seeds": self.seeds, "seed_rule": "blake2b('varscope-sample/{base_seed}/{index}') & (2^63-1)",
-                "hash": self.content_hash()}
+        out = {"n": len(self.labels), "base_seed": self.base_seed, "labels": list(self.labels),
+               "seeds": self.seeds, "seed_rule": "blake2b('varscope-sample/{base_seed}/{index}') & (2^63-1)",
+               "hash": self.content_hash()}
+        if self.prompts is not None:
+            out.update(prompts=list(self.prompts), tags=None if self.tags is None else list(self.tags),
+                       categories=None if self.categories is None else list(self.categories),
+                       prompt_ids=None if self.prompt_ids is None else list(self.prompt_ids))
+        return out
 
 
 class ConditionDataset(Dataset):
-    """Items ``{"index", "label", "seed"}`` of a :class:`ConditionSet`."""
+    """Items ``{"index", "label", "seed"}`` of a :class:`ConditionSet` (and ``"prompt"`` when it has prompts)."""
 
     def __init__(self, conditions: ConditionSet):
         self.conditions = conditions
@@ -134,7 +191,10 @@ class ConditionDataset(Dataset):
         return len(self.conditions)
 
     def __getitem__(self, index: int) -> dict:
-        return {"index": index, "label": self.conditions.labels[index], "seed": self._seeds[index]}
+        item = {"index": index, "label": self.conditions.labels[index], "seed": self._seeds[index]}
+        if self.conditions.prompts is not None:
+            item["prompt"] = self.conditions.prompts[index]
+        return item
 
 
 def shard_indices(num_samples: int, batch_size: int, rank: int, world_size: int) -> list[int]:
@@ -196,8 +256,9 @@ class GenerationModule(pl.LightningModule):
     """Generates one batch of conditions per ``predict_step`` with one policy and one sampling config.
 
     Args:
-        adapter: an engine adapter (``var_core.models.zoo.load_model``); its ``nn.Module`` attributes become
-            sub-modules, so Lightning moves them to each process's device.
+        adapter: an engine adapter (``var_core.models.zoo.load_model``); its modules (``adapter.modules()``: every
+            module holding a tensor generation reads) become sub-modules, so Lightning moves them to each
+            process's device.
         policy_config: a ``var_core.accel.PolicyConfig`` built into a fresh policy in every process; ``None``
             with no ``policy_factory`` runs the plain loop.
         policy_factory: instead, a picklable callable returning a ``var_core.engine.Policy``.
@@ -208,10 +269,12 @@ class GenerationModule(pl.LightningModule):
     def __init__(self, adapter, *, policy_config=None, policy_factory: Callable[[], Policy] | None = None,
                  sampling: SamplingConfig = SamplingConfig(), options: GenerationOptions | None = None,
                  warmup: int = 1, warmup_batch_size: int = 1, probes: Sequence[Any] = (),
-                 keep_tokens: bool = True, threads: int | None = None):
+                 keep_tokens: bool = True, threads: int | None = None, stay_on_device: bool = False):
         super().__init__()
         self.adapter = adapter
-        self.models = torch.nn.ModuleDict({k: v for k, v in vars(adapter).items() if isinstance(v, torch.nn.Module)})
+        modules = adapter.modules() if callable(getattr(adapter, "modules", None)) else adapter_modules(adapter)
+        self.models = torch.nn.ModuleDict(modules)
+        self.stay_on_device = bool(stay_on_device)
         self.policy_config = policy_config
         self.policy_factory = policy_factory
         self.sampling = sampling
@@ -225,6 +288,14 @@ class GenerationModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         _quiet_lightning()
+
+    def cpu(self):
+        """Lightning's strategy teardown calls ``cpu()`` after ``predict``; with ``stay_on_device`` (the calling
+        process is a rank: single process, ``ddp``, torchrun) the modules stay on the device they ran on, so the
+        caller's later work (re-timing, records) happens there and not on the CPU. ``.to("cpu")`` still moves."""
+        if self.stay_on_device:
+            return self
+        return super().cpu()
 
     def _build_policy(self) -> Policy:
         if self.policy_factory is not None:
@@ -248,6 +319,9 @@ class GenerationModule(pl.LightningModule):
     def on_predict_start(self) -> None:
         if self.threads is not None:
             torch.set_num_threads(int(self.threads))
+        for probe in self.probes:  # probes time and measure memory on this process's device (CUDA events or CPU)
+            if callable(getattr(probe, "bind", None)):
+                probe.bind(self.device)
         self.policy = self._build_policy()
         num_classes = getattr(getattr(self.adapter, "cfg", None), "num_classes", 1) or 1
         for w in range(self.warmup):
@@ -265,7 +339,8 @@ class GenerationModule(pl.LightningModule):
         tracer = _combine([probe.tracer() for probe in self.probes if hasattr(probe, "tracer")])
         self._sync()
         t0 = time.perf_counter_ns()
-        result = generate(self.adapter, labels, seeds=seeds, sampling=self.sampling, policy=self.policy,
+        conditions = list(batch["prompt"]) if "prompt" in batch else labels  # text-to-image prompt sets
+        result = generate(self.adapter, conditions, seeds=seeds, sampling=self.sampling, policy=self.policy,
                           tracer=tracer, options=self._options())
         self._sync()
         seconds = (time.perf_counter_ns() - t0) / 1e9
@@ -344,8 +419,28 @@ def _jsonable(value):
     return str(value)
 
 
+def process_environment(trainer, pl_module) -> dict:
+    """What one process actually ran on: rank, host, device and its name, dtype, attention backend, threads."""
+    import platform
+
+    from .records import attention_backend, device_name, model_dtype
+
+    adapter = getattr(pl_module, "adapter", None)
+    device = pl_module.device
+    return {
+        "rank": int(trainer.global_rank), "world_size": int(trainer.world_size),
+        "local_rank": int(getattr(trainer, "local_rank", 0)), "node_rank": int(getattr(trainer, "node_rank", 0)),
+        "hostname": platform.node(), "device": str(device), "device_name": device_name(device),
+        "dtype": model_dtype(adapter) if adapter is not None else None,
+        "attention_backend": attention_backend(adapter, device) if adapter is not None else None,
+        "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+        "cuda": torch.version.cuda if device.type == "cuda" else None,
+    }
+
+
 class _ShardCollector(Callback):
-    """Keeps this process's per-batch outputs and writes them to ``<folder>/rank<r>.pt`` at the end."""
+    """Keeps this process's per-batch outputs; at the end they reach global rank 0 (``gather_object`` when there
+    are several processes), which writes one ``<folder>/rank<r>.pt`` per process."""
 
     def __init__(self, folder: str):
         self.folder = folder
@@ -353,11 +448,7 @@ class _ShardCollector(Callback):
 
     def on_predict_start(self, trainer, pl_module) -> None:
         self.outputs = []
-        self.environment = {
-            "rank": int(trainer.global_rank), "world_size": int(trainer.world_size),
-            "device": str(pl_module.device), "threads": torch.get_num_threads(),
-            "interop_threads": torch.get_num_interop_threads(),
-        }
+        self.environment = process_environment(trainer, pl_module)
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         # the module sets its threads in its own on_predict_start, which Lightning calls after this callback's
@@ -366,11 +457,24 @@ class _ShardCollector(Callback):
         self.outputs.append(outputs)
 
     def on_predict_end(self, trainer, pl_module) -> None:
-        path = Path(self.folder) / f"rank{trainer.global_rank}.pt"
-        tmp = path.with_suffix(".tmp")
         # plain containers, numbers, strings and tensors only: the caller reads it back with weights_only=True
-        torch.save(_plain({"environment": self.environment, "outputs": self.outputs}), tmp)
-        os.replace(tmp, path)
+        shard = _plain({"environment": self.environment, "outputs": self.outputs})
+        shards = [shard]
+        if trainer.world_size > 1:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                raise RuntimeError(f"{trainer.world_size} processes but no process group to gather results")
+            gathered = [None] * trainer.world_size if trainer.global_rank == 0 else None
+            dist.gather_object(shard, gathered, dst=0)
+            if trainer.global_rank != 0:
+                return
+            shards = gathered
+        for one in shards:
+            path = Path(self.folder) / f"rank{int(one['environment']['rank'])}.pt"
+            tmp = path.with_suffix(".tmp")
+            torch.save(one, tmp)
+            os.replace(tmp, path)
 
 
 class _NamedProgressBar(TQDMProgressBar):
@@ -577,12 +681,16 @@ def _merge(shards: list[dict]) -> GenerationRun:
 
 def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, policy_factory=None,
                    sampling: SamplingConfig = SamplingConfig(), batch_size: int = 16, warmup: int = 1,
-                   accelerator: str = "cpu", devices: int | str = 1, strategy: str = "auto",
-                   probes: Sequence[Any] = (), callbacks: Sequence[Callback] = (), progress: bool | str = True,
-                   options: GenerationOptions | None = None, keep_tokens: bool = True,
-                   threads: int | None = None, tracer_factory: Callable[[], Tracer] | None = None
-                   ) -> GenerationRun:
+                   accelerator: str = "cpu", devices: int | str | list[int] = 1, strategy: str = "auto",
+                   num_nodes: int = 1, probes: Sequence[Any] = (), callbacks: Sequence[Callback] = (),
+                   progress: bool | str = True, options: GenerationOptions | None = None, keep_tokens: bool = True,
+                   threads: int | None = None, tracer_factory: Callable[[], Tracer] | None = None,
+                   launch: Launch | None = None) -> GenerationRun | None:
     """Generate every condition with one policy through ``Trainer.predict`` and return the merged samples.
+
+    ``accelerator`` / ``devices`` / ``num_nodes`` / ``strategy``: see :mod:`var_core.eval.distributed` (or pass the
+    resolved ``launch``). Returns ``None`` on the ranks other than global rank 0 of a ``ddp`` / torchrun / SLURM
+    launch (every rank calls this function; the run is rank 0's).
 
     ``progress``: ``False`` for no bar, ``True`` for Lightning's bar, or a string used as the bar's label.
     ``tracer_factory``: shorthand for a probe that only supplies a fresh tracer per batch.
@@ -593,13 +701,12 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     _quiet_lightning()
-    n_dev = devices if isinstance(devices, int) else None
-    if strategy == "auto" and n_dev is not None and n_dev > 1:
-        strategy = "ddp_spawn"
+    if launch is None:  # torchrun / SLURM make ranks only of callers that say so (the runner passes its launch)
+        launch = resolve_launch(accelerator, devices, num_nodes, strategy, external=False)
     module = GenerationModule(adapter, policy_config=policy_config, policy_factory=policy_factory,
                               sampling=sampling, options=options, warmup=warmup,
                               warmup_batch_size=min(batch_size, len(conditions)), probes=probes,
-                              keep_tokens=keep_tokens, threads=threads)
+                              keep_tokens=keep_tokens, threads=threads, stay_on_device=launch.mode != "spawn")
     previous_threads = torch.get_num_threads()
     if tracer_factory is not None:
         module.probes.append(TracerProbe(tracer_factory))
@@ -610,8 +717,9 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
     if progress:
         all_callbacks.append(_NamedProgressBar(progress if isinstance(progress, str) else "generating"))
     try:
-        trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=1,
-                             logger=False, enable_checkpointing=False, enable_model_summary=False,
+        trainer = pl.Trainer(accelerator=launch.accelerator, devices=launch.devices, strategy=launch.strategy,
+                             num_nodes=launch.num_nodes, logger=False, enable_checkpointing=False,
+                             enable_model_summary=False,
                              enable_progress_bar=bool(progress), use_distributed_sampler=False,
                              inference_mode=True, callbacks=all_callbacks)
         start = time.perf_counter()
@@ -619,6 +727,8 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
             _quiet_lightning()
             trainer.predict(module, datamodule=data, return_predictions=False)
         wall = time.perf_counter() - start
+        if launch.mode == "ranks" and not launch.is_rank_zero:
+            return None  # this rank's results went to rank 0
         shards = [load_shard(p) for p in sorted(Path(folder).glob("rank*.pt"))]
         world = trainer.world_size
         if len(shards) != world:

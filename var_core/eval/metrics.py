@@ -28,7 +28,16 @@ Per set (with a bootstrap interval over samples, see :func:`fid_bootstrap` / :fu
   These are proxies: the feature network is the project's small classifier, not Inception-v3, and with tens of
   samples FID is biased upward — compare arms at the same ``n`` only.
 * Standard Inception FID and CLIP score only with local weights (:func:`inception_fid`, :func:`clip_score`):
-  a clear :class:`MetricUnavailable` otherwise, never a download.
+  a clear :class:`MetricUnavailable` otherwise, never a download. With ``--inception-weights`` the arm also gets
+  ``fid_inception`` / ``kid_inception`` against the baseline and ``is_inception`` (:func:`standard_set_metrics`:
+  the project's FID Inception, :mod:`.inception`), each naming its input ``protocol`` (``MetricContext.fid_protocol``,
+  default ``torch-fidelity``; FIDs of different protocols are not comparable).
+* ``clip_score``, ``image_reward``, ``hpsv2`` per sample, each image against its own prompt, when their local
+  weights are given (:func:`var_core.eval.metric_registry.prompt_metrics`; networks in :mod:`.clip_score`,
+  :mod:`.image_reward`, :mod:`.hps`); every arm record names each metric's direction, proxy flag and weights
+  (path + sha256) in ``metrics_info`` (:mod:`.metric_registry`, ``python -m studies.ablate ls metrics``).
+* ``lpips_<net>`` per sample (:func:`lpips_distance`, :mod:`.lpips`) when the pretrained backbone and the v0.1
+  linear layers are given as local files; otherwise unavailable (random backbone weights make LPIPS meaningless).
 
 Every image is quantised to 8 bits before any metric (what a saved PNG holds), so a resumed run that reloads the
 baseline's stored images computes exactly the numbers a fresh run does.
@@ -52,7 +61,7 @@ __all__ = [
     "PSNR_CAP", "MetricUnavailable", "MetricContext", "quantize01", "fidelity_per_sample", "ms_ssim_settings",
     "token_agreement", "classifier_compatibility", "class_correct", "classify", "ArmMetrics", "fid_kid", "inception_score_proxy",
     "frechet_distance", "CachedExtractor", "psnr_summaries", "kid_unbiased", "kid_bootstrap", "MIN_KID_BOOTSTRAP",
-    "fid_bootstrap", "inception_fid", "clip_score", "compute_arm_metrics",
+    "fid_bootstrap", "inception_fid", "clip_score", "compute_arm_metrics", "lpips_distance", "standard_set_metrics",
 ]
 
 PSNR_CAP = 100.0  # dB given to identical images (8-bit images never exceed ~90 dB otherwise)
@@ -416,49 +425,142 @@ def inception_score_proxy(images: torch.Tensor, logits_extractor, *, seed: int =
 
 
 # ----- standard metrics, local weights only ----------------------------------------------------------------
-def inception_fid(arm_images: torch.Tensor, ref_images: torch.Tensor, weights: str | Path | None) -> float:
-    """Standard Inception-v3 FID (torchmetrics/torch-fidelity) from a LOCAL weight file; never downloads."""
+def _inception_extractor(weights: str | Path | None, protocol: str):
+    """The project's FID Inception (``2048`` pool features) under ``protocol`` from a LOCAL file, or
+    :class:`MetricUnavailable` saying what is missing."""
+    from ..errors import UserError
+    from .inception import InceptionFeatures, check_protocol, load_fid_inception
+
     if weights is None:
         raise MetricUnavailable("standard Inception FID needs local weights: pass --inception-weights "
-                                "pt_inception-2015-12-05.pth (nothing is downloaded)")
+                                "pt_inception-2015-12-05-6726825d.pth (pytorch-fid's or torch-fidelity's file; "
+                                "nothing is downloaded)")
     path = Path(weights).expanduser()
     if not path.is_file():
         raise MetricUnavailable(f"Inception weights not found at {path}")
+    check_protocol(protocol)  # a bad protocol name is the user's error, not an unavailable metric
     try:
-        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-    except Exception as exc:  # noqa: BLE001 - any import failure means: not available here
-        raise MetricUnavailable(
-            f"standard Inception FID needs torch-fidelity (and torchvision), which cannot be imported here "
-            f"({type(exc).__name__}: {exc}); on a CPU machine with torch 2.13 they do not install "
-            f"(specs/environment.md)") from None
+        net = load_fid_inception(path)
+    except UserError as exc:
+        raise MetricUnavailable(str(exc)) from None
+    return InceptionFeatures(net, "2048", protocol)
+
+
+def inception_fid(arm_images: torch.Tensor, ref_images: torch.Tensor, weights: str | Path | None, *,
+                  protocol: str | None = None) -> float:
+    """Standard Inception-v3 FID of ``arm`` against ``ref`` from a LOCAL weight file; never downloads.
+
+    The project's FID Inception (:mod:`.inception`, reproducing pytorch-fid's and torch-fidelity's features) is
+    handed to torchmetrics' ``FrechetInceptionDistance`` as a custom ``feature=`` module returning a tensor (what
+    torchmetrics needs; torch-fidelity's own extractor returns a tuple and failed there). ``protocol``: the input
+    pipeline (:data:`~var_core.eval.inception.PROTOCOLS`, default ``torch-fidelity``)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
 
-    extractor = FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(path))
-    metric = FrechetInceptionDistance(feature=extractor, normalize=False)
-    metric.update((quantize01(ref_images) * 255).byte(), real=True)
-    metric.update((quantize01(arm_images) * 255).byte(), real=False)
-    return float(metric.compute())
+    from .inception import DEFAULT_PROTOCOL, to_uint8
+
+    extractor = _inception_extractor(weights, protocol or DEFAULT_PROTOCOL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchmetrics' feature-buffer notices
+        metric = FrechetInceptionDistance(feature=extractor, normalize=False)
+        metric.update(to_uint8(quantize01(ref_images)), real=True)
+        metric.update(to_uint8(quantize01(arm_images)), real=False)
+        return float(metric.compute())
+
+
+@torch.no_grad()
+def standard_set_metrics(arm_images: torch.Tensor, base_images: torch.Tensor | None, ctx: "MetricContext"
+                         ) -> dict[str, dict]:
+    """``fid_inception`` and ``kid_inception`` of ``arm`` against ``base`` (paired bootstrap intervals, as for the
+    proxies; FID exact via the SVD form in float64) and ``is_inception`` (logits without bias; one split below
+    500 samples, else 10), each Summary dict carrying ``protocol``. ``base_images=None``: IS only."""
+    from .fid import inception_score
+
+    protocol = ctx.fid_protocol
+    extractor = _inception_extractor(ctx.inception_weights, protocol)
+    names = ("2048", "logits_unbiased")
+
+    def features(images):
+        import hashlib
+
+        data = quantize01(images).contiguous()
+        key = (hashlib.blake2b(data.numpy().tobytes(), digest_size=16).hexdigest(), tuple(data.shape), protocol,
+               str(Path(ctx.inception_weights).expanduser().resolve()))
+        cache = ctx._inception_cache
+        if key not in cache:
+            if len(cache) >= 8:
+                cache.pop(next(iter(cache)))
+            cache[key] = extractor.features(data, names)
+        return cache[key]
+
+    out: dict[str, dict] = {}
+    arm = features(arm_images)
+    n = int(arm_images.shape[0])
+    note = f"protocol {protocol}"
+    if base_images is not None and n >= 2 and base_images.shape[0] >= 2:
+        base = features(base_images)
+        fa, fb = arm["2048"].double().numpy(), base["2048"].double().numpy()
+        value = frechet_distance(fa, fb)
+        lo, hi = fid_bootstrap(fa, fb, paired=True, n_resamples=ctx.n_resamples, seed=ctx.seed)
+        out["fid_inception"] = dict(mean=value, low=min(lo, value), high=max(hi, value), n=n, level=0.95,
+                                    method=f"{note}; vs the baseline; bootstrap percentile, bias-shifted",
+                                    protocol=protocol)
+        k_point = kid_unbiased(_poly_kernel(fa, fa), _poly_kernel(fb, fb), _poly_kernel(fa, fb))
+        lo, hi, how = kid_bootstrap(fa, fb, paired=True, n_resamples=ctx.n_resamples, seed=ctx.seed)
+        if math.isfinite(lo) and math.isfinite(hi):
+            lo, hi = min(lo, k_point), max(hi, k_point)
+        out["kid_inception"] = dict(mean=k_point, low=lo, high=hi, n=n, level=0.95,
+                                    method=f"{note}; vs the baseline; unbiased MMD² of all samples; interval: {how}",
+                                    protocol=protocol)
+    if n >= 2:
+        splits = 1 if n < 500 else 10
+        score = inception_score(arm["logits_unbiased"], splits=splits)
+        spread = 1.96 * score["std"] if splits > 1 else math.nan
+        out["is_inception"] = dict(mean=score["mean"], low=score["mean"] - spread, high=score["mean"] + spread,
+                                   n=n, level=0.95, protocol=protocol,
+                                   method=f"{note}; {splits} split(s), logits without bias" +
+                                          ("; ± 1.96 sd over splits" if splits > 1 else "; no interval"))
+    return out
+
+
+@torch.no_grad()
+def lpips_distance(arm: torch.Tensor, base: torch.Tensor, net: str = "alex", weights=None,
+                   batch_size: int = 16) -> np.ndarray:
+    """Per-sample LPIPS v0.1 of ``arm`` vs ``base`` (``[B, 3, H, W]`` in ``[0, 1]``, quantised to 8 bits first).
+
+    ``weights``: ``(backbone_file, lin_file)`` or ``{"backbone": ..., "lin": ...}`` — the backbone's pretrained
+    torchvision weights and the lpips package's ``weights/v0.1/<net>.pth``, both local. Missing either:
+    :class:`MetricUnavailable` (random backbone weights make LPIPS meaningless)."""
+    from ..errors import UserError
+    from .lpips import load_lpips
+
+    if isinstance(weights, dict):
+        backbone, lin = weights.get("backbone"), weights.get("lin")
+    elif isinstance(weights, (tuple, list)) and len(weights) == 2:
+        backbone, lin = weights
+    elif weights is None:
+        backbone = lin = None
+    else:
+        raise UserError(f"LPIPS weights must be (backbone_file, lin_file) or a dict with 'backbone' and 'lin', "
+                        f"got {weights!r}")
+    if arm.shape != base.shape:
+        raise ValueError(f"image shapes differ: {tuple(arm.shape)} vs {tuple(base.shape)}")
+    try:
+        model = load_lpips(net, backbone, lin)
+    except UserError as exc:
+        if "unknown LPIPS backbone" in str(exc):
+            raise
+        raise MetricUnavailable(f"LPIPS unavailable: {exc}") from None
+    a, b = quantize01(arm) * 2 - 1, quantize01(base) * 2 - 1
+    out = [model(a[i:i + batch_size], b[i:i + batch_size]) for i in range(0, a.shape[0], batch_size)]
+    return torch.cat(out).double().numpy() if out else np.zeros(0)
 
 
 def clip_score(images: torch.Tensor, texts: Sequence[str], model_dir: str | Path | None) -> float:
-    """CLIP score (torchmetrics ``CLIPScore``) from a LOCAL model directory; never downloads."""
-    if model_dir is None:
-        raise MetricUnavailable("CLIP score needs a local CLIP model directory: pass --clip-weights DIR "
-                                "(a Hugging Face layout; nothing is downloaded)")
-    path = Path(model_dir).expanduser()
-    if not path.is_dir():
-        raise MetricUnavailable(f"CLIP model directory not found at {path}")
-    try:
-        import transformers  # noqa: F401
-        from torchmetrics.multimodal.clip_score import CLIPScore
-    except Exception as exc:  # noqa: BLE001
-        raise MetricUnavailable(f"CLIP score needs the 'transformers' package ({type(exc).__name__}: {exc})") from None
-    import os
+    """Mean CLIP score (torchmetrics ``CLIPScore``) from a LOCAL model directory; never downloads. Per-sample
+    scores and the loading rules: :mod:`.clip_score`."""
+    from .clip_score import clip_scores
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    metric = CLIPScore(model_name_or_path=str(path))
-    metric.update((quantize01(images) * 255).byte(), list(texts))
-    return float(metric.compute())
+    return float(np.mean(clip_scores(images, texts, model_dir)))
 
 
 # ----- everything for one arm ------------------------------------------------------------------------------
@@ -477,12 +579,42 @@ class MetricContext:
     class_names: Sequence[str] | None = None
     seed: int = 0
     n_resamples: int = 200
+    fid_protocol: str = "torch-fidelity"  # input pipeline of the FID Inception (var_core.eval.inception.PROTOCOLS)
+    lpips_net: str = "alex"  # LPIPS backbone: "alex" (the authors' default) or "vgg"
+    lpips_backbone: str | None = None  # the backbone's pretrained torchvision weights (local file)
+    lpips_lin: str | None = None  # the lpips package's weights/v0.1/<net>.pth (local file)
+    _inception_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    image_reward_weights: str | None = None  # ImageReward.pt or its folder (var_core.eval.image_reward)
+    hps_weights: str | None = None  # HPS_v2.1_compressed.pt or its folder (var_core.eval.hps)
+    prompts: Sequence[str] | None = None  # the condition set's prompt per sample (text-to-image prompt sets)
+    label_prompt: str | None = None  # "...{label}...": the text a class label conditions on (Infinity's label prompts)
+    _loaded_models: dict = field(default_factory=dict, repr=False, compare=False)  # prompt-metric scorers, per run
 
     @staticmethod
     def build(adapter, *, classifier_path: str | Path | None = None, inception_weights=None, clip_weights=None,
-              real_count: int = 0, seed: int = 0) -> "MetricContext":
+              real_count: int = 0, seed: int = 0, fid_protocol: str | None = None, lpips_net: str = "alex",
+              lpips_backbone=None, lpips_lin=None, image_reward_weights=None, hps_weights=None,
+              prompts: Sequence[str] | None = None) -> "MetricContext":
         """Load the testbed classifier (if its weights exist) and decide what applies to ``adapter``."""
-        ctx = MetricContext(inception_weights=inception_weights, clip_weights=clip_weights, seed=seed)
+        from .inception import DEFAULT_PROTOCOL, check_protocol
+        from .lpips import NETS
+
+        if lpips_net not in NETS:
+            from ..errors import UserError, did_you_mean
+
+            raise UserError(f"unknown LPIPS backbone {lpips_net!r}; choose from {', '.join(NETS)}."
+                            + did_you_mean(lpips_net, NETS))
+        ctx = MetricContext(inception_weights=inception_weights, clip_weights=clip_weights, seed=seed,
+                            fid_protocol=check_protocol(fid_protocol or DEFAULT_PROTOCOL), lpips_net=lpips_net,
+                            lpips_backbone=None if lpips_backbone is None else str(lpips_backbone),
+                            lpips_lin=None if lpips_lin is None else str(lpips_lin),
+                            image_reward_weights=None if image_reward_weights is None else str(image_reward_weights),
+                            hps_weights=None if hps_weights is None else str(hps_weights),
+                            prompts=None if prompts is None else tuple(str(p) for p in prompts))
+        if getattr(adapter, "family", None) == "infinity":  # class-label commands drive it with fixed prompts
+            from ..engine.adapters.infinity_adapter import LABEL_PROMPT
+
+            ctx.label_prompt = LABEL_PROMPT
         try:
             from ..testbed.classifier import (ClassifierFeatureExtractor, ClassifierLogitsExtractor,
                                               load_classifier)
@@ -518,6 +650,7 @@ class ArmMetrics:
     per_scale: dict[str, list] = field(default_factory=dict)  # name -> [n][num_scales]
     set_level: dict[str, dict] = field(default_factory=dict)  # name -> Summary dict
     unavailable: dict[str, str] = field(default_factory=dict)  # name -> reason
+    info: dict[str, dict] = field(default_factory=dict)  # metric -> direction, proxy, weights (path, sha256), state
 
 
 def _as_list(arr: np.ndarray) -> list:
@@ -563,20 +696,31 @@ def compute_arm_metrics(arm_images: torch.Tensor, base_images: torch.Tensor, lab
     try:
         if ctx.inception_weights is None:
             raise MetricUnavailable("standard Inception FID: not requested (pass --inception-weights FILE)")
-        if is_baseline:
-            raise MetricUnavailable("reference arm")
-        out.set_level["fid_inception"] = dict(mean=inception_fid(arm_images, base_images, ctx.inception_weights),
-                                              low=math.nan, high=math.nan, n=int(arm_images.shape[0]),
-                                              level=0.95, method="point")
+        standard = standard_set_metrics(arm_images, None if is_baseline else base_images, ctx)
+        out.set_level.update(standard)
+        for name in ("fid_inception", "kid_inception", "is_inception"):
+            if name not in standard:
+                out.unavailable[name] = ("reference arm" if is_baseline and name != "is_inception"
+                                         else "fewer than 2 samples")
     except MetricUnavailable as exc:
-        out.unavailable["fid_inception"] = str(exc)
-    try:
-        if ctx.clip_weights is None:
-            raise MetricUnavailable("CLIP score: not requested (pass --clip-weights DIR)")
-        names = ctx.class_names or [str(i) for i in range(int(labels.max()) + 1)]
-        texts = [f"a {names[int(l)].replace('_', ' ')} image" for l in labels]
-        out.set_level["clip_score"] = dict(mean=clip_score(arm_images, texts, ctx.clip_weights), low=math.nan,
-                                           high=math.nan, n=int(arm_images.shape[0]), level=0.95, method="point")
-    except MetricUnavailable as exc:
-        out.unavailable["clip_score"] = str(exc)
+        for name in ("fid_inception", "kid_inception", "is_inception"):
+            out.unavailable[name] = str(exc)
+    lpips_name = f"lpips_{ctx.lpips_net}"
+    if is_baseline:
+        out.unavailable[lpips_name] = "reference arm"
+    elif ctx.lpips_backbone is None and ctx.lpips_lin is None:
+        out.unavailable[lpips_name] = ("LPIPS: not requested (pass --lpips-backbone FILE (pretrained torchvision "
+                                       "alexnet/vgg16 weights) and --lpips-lin FILE (lpips weights/v0.1/<net>.pth))")
+    else:
+        try:
+            values = lpips_distance(arm_images, base_images, ctx.lpips_net, (ctx.lpips_backbone, ctx.lpips_lin))
+            out.per_sample[lpips_name] = _as_list(values)
+        except MetricUnavailable as exc:
+            out.unavailable[lpips_name] = str(exc)
+    from .metric_registry import metrics_info, prompt_metrics
+
+    values, unavailable = prompt_metrics(arm_images, labels, ctx)  # CLIP score, ImageReward, HPSv2.1 per sample
+    out.per_sample.update({k: _as_list(v) for k, v in values.items()})
+    out.unavailable.update(unavailable)
+    out.info = metrics_info(ctx, out.unavailable, list(out.per_sample) + list(out.set_level))
     return out

@@ -14,6 +14,7 @@ finished before it stay intact.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -132,7 +133,9 @@ def device_name(device: torch.device | str) -> str:
     """The GPU's name, or the CPU model from /proc/cpuinfo (what every record and report names as the machine)."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.getdevice_name(device)
+        if device.index is None:  # "cuda": the current device
+            device = torch.device("cuda", torch.cuda.current_device())
+        return str(torch.cuda.get_device_name(device))
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -142,11 +145,13 @@ def device_name(device: torch.device | str) -> str:
     return platform.processor() or "cpu"
 
 
-def attention_backend(adapter: Any) -> str:
+def attention_backend(adapter: Any, device: torch.device | str | None = None) -> str:
+    """The adapter's own ``attention_backend`` if it names one, else :func:`sdpa_backend` of ``device`` (default:
+    the adapter's device)."""
     explicit = getattr(adapter, "attention_backend", None)
     if explicit:
         return str(explicit)
-    return sdpa_backend(getattr(adapter, "device", torch.device("cpu")))
+    return sdpa_backend(device if device is not None else getattr(adapter, "device", torch.device("cpu")))
 
 
 def sdpa_backend(device: torch.device | str) -> str:
@@ -165,24 +170,40 @@ def sdpa_backend(device: torch.device | str) -> str:
 
 def model_dtype(adapter: Any) -> str | None:
     """dtype of the adapter's first module with parameters (``"float32"``, ``"bfloat16"`` …)."""
-    for module in vars(adapter).values():
-        if isinstance(module, torch.nn.Module):
-            param = next(module.parameters(), None)
-            if param is not None:
-                return str(param.dtype).replace("torch.", "")
+    from ..engine.adapters.base import adapter_modules
+
+    modules = adapter.modules() if callable(getattr(adapter, "modules", None)) else adapter_modules(adapter)
+    for module in modules.values():
+        param = next(module.parameters(), None)
+        if param is not None:
+            return str(param.dtype).replace("torch.", "")
     return None
 
 
+PROCESS_FIELDS = ("device", "device_name", "dtype", "attention_backend", "threads", "interop_threads")
+
+
 def environment_info(adapter: Any, *, accelerator: str, devices: Any, strategy: str, processes: list[dict] | None
-                     = None) -> dict:
+                     = None, num_nodes: int = 1, launch: dict | None = None) -> dict:
+    """Provenance of one measurement. ``processes``: what each generating process reported it ran on
+    (``var_core.eval.lightning.process_environment``); the top-level device, device name, dtype, attention backend
+    and threads are then those of global rank 0 — what ran, not where the caller's copy of the model sits now
+    (after Lightning's ``predict`` that used to be the CPU). Without ``processes``: this process and ``adapter``."""
     device = getattr(adapter, "device", torch.device("cpu"))
-    dtype = model_dtype(adapter)
-    return {
-        "git": git_info(), "packages": package_versions(), "device": str(device), "device_name": device_name(device),
-        "dtype": dtype, "attention_backend": attention_backend(adapter), "threads": torch.get_num_threads(),
-        "interop_threads": torch.get_num_interop_threads(), "accelerator": accelerator, "devices": devices,
-        "strategy": strategy, "processes": processes or [], "hostname": platform.node(),
-    }
+    here = {"device": str(device), "device_name": device_name(device), "dtype": model_dtype(adapter),
+            "attention_backend": attention_backend(adapter), "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads()}
+    processes = list(processes or [])
+    first = min(processes, key=lambda p: p.get("rank", 0)) if processes else {}
+    ran = {k: first[k] if first.get(k) is not None else here[k] for k in PROCESS_FIELDS}
+    out = {"git": git_info(), "packages": package_versions(), **ran, "accelerator": accelerator,
+           "devices": devices, "num_nodes": num_nodes, "strategy": strategy, "processes": processes,
+           "hostname": first.get("hostname") or platform.node()}
+    if processes:
+        out["devices_used"] = sorted({f"{p.get('hostname', '?')}:{p.get('device')}" for p in processes})
+    if launch is not None:
+        out["launch"] = launch
+    return out
 
 
 # ----- run config ------------------------------------------------------------------------------------------
@@ -206,6 +227,7 @@ class RunConfig:
     accelerator: str = "cpu"
     devices: Any = 1
     strategy: str = "auto"
+    num_nodes: int = 1
 
     @property
     def config_hash(self) -> str:
@@ -213,7 +235,10 @@ class RunConfig:
 
     def sampling_dict(self) -> dict:
         s = self.sampling
-        return {"cfg": s.cfg, "top_k": s.top_k, "top_p": s.top_p, "temperature": s.temperature}
+        out = {"cfg": s.cfg, "top_k": s.top_k, "top_p": s.top_p, "temperature": s.temperature}
+        # a family's own sampling settings (HART: diffusion steps, more_smooth, ...) are recorded with the others
+        out.update({f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name not in out})
+        return out
 
     def key(self) -> dict:
         """What must match for a stored record to be reused (timing settings deliberately excluded)."""

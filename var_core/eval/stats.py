@@ -52,7 +52,8 @@ class Summary:
                 data[key] = math.nan
         if data.get("n") is None:
             data["n"] = 0
-        return Summary(**data)
+        # set-level metrics carry extra descriptive fields (e.g. the FID protocol); a Summary keeps the numbers
+        return Summary(**{key: value for key, value in data.items() if key in Summary.__dataclass_fields__})
 
     @property
     def half_width(self) -> float:

@@ -219,6 +219,19 @@ def apply_rope(x_BHnd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return torch.stack((cos * x0 - sin * x1, sin * x0 + cos * x1), dim=-1).flatten(-2)
 
 
+class RopeTables(nn.Module):
+    """The ``(cos, sin)`` tables of :func:`rope_tables` as (non-persistent) buffers, so that they move with the
+    model: the adapter holds one of these, and ``Module.to`` / Lightning carry the tables to the model's device.
+    (As plain tensors on the adapter they stayed on the CPU when the model moved to a GPU.)"""
+
+    def __init__(self, schedule_hw: Sequence[Sequence[int]], ref_hw: tuple[int, int], head_dim: int,
+                 base: float = 10000.0, device: torch.device | str | None = None):
+        super().__init__()
+        cos, sin = rope_tables(schedule_hw, ref_hw, head_dim, base)
+        self.register_buffer("cos", cos.to(device) if device is not None else cos, persistent=False)
+        self.register_buffer("sin", sin.to(device) if device is not None else sin, persistent=False)
+
+
 # ================================================================================================================
 # modules
 # ================================================================================================================

@@ -431,3 +431,102 @@ def infer_vqvae_config(sd: Mapping[str, torch.Tensor], patch_nums, source: str |
                       default=0)
     return dict(vocab_size=V, z_channels=Cvae, ch=ch, ch_mult=ch_mult, num_res_blocks=num_res_blocks,
                 patch_nums=tuple(patch_nums), share_quant_resi=num_phi)
+
+
+# ================================================================================================================
+# Where the files are: Hugging Face cache folders and sharded checkpoints (file names only; nothing is read here)
+# ================================================================================================================
+HF_REPO_PREFIX = "models--"
+
+
+def hf_repo_cache_name(repo_id: str) -> str:
+    """The folder name the Hugging Face hub cache gives a model repository: ``google/flan-t5-xl`` ->
+    ``models--google--flan-t5-xl``."""
+    return HF_REPO_PREFIX + repo_id.replace("/", "--")
+
+
+def hf_snapshot_dir(folder: str | Path) -> Path | None:
+    """The snapshot folder of a Hugging Face cache repository folder (``models--org--name`` with ``snapshots/``),
+    or ``None`` when ``folder`` is not one.
+
+    The snapshot is the one ``refs/main`` names when that file exists (what ``from_pretrained`` would load);
+    otherwise the only snapshot, or, among several, the most recently modified one. A cache folder whose
+    snapshots are all gone raises :class:`CheckpointError` naming it."""
+    folder = Path(folder).expanduser()
+    snapshots = folder / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = folder / "refs" / "main"
+    if ref.is_file():
+        commit = ref.read_text().strip()
+        if commit and (snapshots / commit).is_dir():
+            return snapshots / commit
+    found = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: (p.stat().st_mtime, p.name))
+    if not found:
+        raise CheckpointError(f"{folder} is a Hugging Face cache folder without any snapshot ({snapshots} is empty): "
+                              f"download the model again, or pass the folder that holds its files")
+    return found[-1]
+
+
+_SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d+)-of-(?P<total>\d+)\.(?P<ext>safetensors|bin|pth|pt)$")
+SHARD_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
+
+
+def is_shard_folder(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a sharded checkpoint itself (an ``*.index.json`` or ``*-0000i-of-0000n.*`` shards)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return False
+    return any(folder.glob("*.index.json")) or any(_SHARD_RE.match(p.name) for p in folder.iterdir())
+
+
+def shard_files(folder: str | Path) -> list[Path]:
+    """The shard files of a sharded checkpoint folder, checked complete before anything is read.
+
+    * With an index (``model.safetensors.index.json`` or ``pytorch_model.bin.index.json``, as
+      ``transformers`` writes them; any other ``*.index.json`` too): the files its ``weight_map`` names; a file
+      it names that is absent is an error listing every absent one.
+    * Without: the ``<stem>-0000i-of-0000n.<ext>`` files, all ``n`` of them required; else every weight file.
+    """
+    import json
+
+    folder = Path(folder).expanduser()
+    indexes = [folder / n for n in SHARD_INDEX_NAMES if (folder / n).is_file()] or sorted(folder.glob("*.index.json"))
+    present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if indexes:
+        try:
+            weight_map = json.loads(indexes[0].read_text()).get("weight_map")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise CheckpointError(f"{indexes[0]} is not a shard index (JSON with a weight_map): {exc}") from exc
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{indexes[0]} has no weight_map naming the shards: download the index again")
+        names = sorted(set(str(v) for v in weight_map.values()))
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise CheckpointError(f"sharded checkpoint {folder} is incomplete: {indexes[0].name} names "
+                                  f"{len(names)} shards and {len(missing)} are missing ({', '.join(missing[:8])}"
+                                  f"{', …' if len(missing) > 8 else ''}); download them into {folder}")
+        return [folder / n for n in names]
+    groups: dict[tuple[str, str, str], dict[int, str]] = {}
+    for name in present:
+        m = _SHARD_RE.match(name)
+        if m:
+            groups.setdefault((m["stem"], m["ext"], m["total"]), {})[int(m["index"])] = name
+    if groups:
+        if len(groups) > 1:
+            raise CheckpointError(f"{folder} holds shards of {len(groups)} different checkpoints "
+                                  f"({', '.join(f'{s}-*-of-{t}.{e}' for s, e, t in sorted(groups))}): keep one")
+        (stem, ext, total_text), have = next(iter(groups.items()))
+        total = int(total_text)
+        width = len(total_text)
+        missing = [f"{stem}-{i:0{width}d}-of-{total_text}.{ext}" for i in range(1, total + 1) if i not in have]
+        if missing:
+            raise CheckpointError(f"sharded checkpoint {folder} is incomplete: {len(missing)} of {total} shards are "
+                                  f"missing ({', '.join(missing[:8])}{', …' if len(missing) > 8 else ''})")
+        return [folder / have[i] for i in range(1, total + 1)]
+    files = [folder / n for n in present if Path(n).suffix in _WEIGHT_SUFFIXES]
+    if not files:
+        raise CheckpointError(f"no weight shards in {folder}: expected {' or '.join(SHARD_INDEX_NAMES)} with the "
+                              f"shards it names, or model-0000i-of-0000n.safetensors files (found: {present[:10]})")
+    return files

@@ -195,19 +195,43 @@ def _clone(module: nn.Module) -> nn.Module:
 T5_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                    "pytorch_model.bin.index.json")
 T5_TOKENIZER_FILES = ("spiece.model", "tokenizer.json")
+T5_REPO_ID = "google/flan-t5-xl"
 
 
-class T5TextEncoder:
+def resolve_t5_directory(path: str | Path) -> Path:
+    """The folder that holds the T5 files, from what a user points at: the folder itself (it has
+    ``config.json``); a Hugging Face cache folder ``models--google--flan-t5-xl`` (its snapshot, the one
+    ``refs/main`` names, see :func:`var_core.models.loading.hf_snapshot_dir`); or a hub cache root holding that
+    folder. Anything else is returned unchanged, for :func:`check_t5_directory` to say what is missing."""
+    from .loading import hf_repo_cache_name, hf_snapshot_dir
+
+    path = Path(path).expanduser()
+    if (path / "config.json").is_file():
+        return path
+    snapshot = hf_snapshot_dir(path)
+    if snapshot is not None:
+        return snapshot
+    cached = path / hf_repo_cache_name(T5_REPO_ID)
+    if cached.is_dir():
+        return hf_snapshot_dir(cached) or cached
+    return path
+
+
+class T5TextEncoder(nn.Module):
     """``transformers.T5EncoderModel`` + its tokenizer, loaded from a local directory (never downloaded).
 
     Prompts are tokenised as the official ``encode_prompt`` does (``max_length=512``, truncation), and only the
     valid tokens are kept (we pad to the longest prompt rather than to 512: the attention mask makes the
     valid tokens' features the same).
+
+    An ``nn.Module`` whose sub-module is the T5 encoder, so that moving the model (``adapter.to``, Lightning's
+    device placement) moves T5 with it; the tokenizer is a plain attribute (it holds no tensors).
+    :meth:`from_parts` wraps an encoder and a tokenizer that are already loaded.
     """
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  max_length: int = 512):
-        self.path = Path(path).expanduser()
+        self.path = resolve_t5_directory(path)
         check_t5_directory(self.path)
         try:
             from transformers import AutoTokenizer, T5EncoderModel
@@ -216,11 +240,27 @@ class T5TextEncoder:
                 "the T5 text encoder needs the optional package `transformers` (pip install transformers "
                 "sentencepiece); the random:infinity-* models work without it"
             ) from exc
+        super().__init__()
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
         self.model = T5EncoderModel.from_pretrained(str(self.path), local_files_only=True)
         self.model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.max_length = max_length
         self.out_dim = int(self.model.config.d_model)
+
+    @classmethod
+    def from_parts(cls, model: nn.Module, tokenizer, *, path: str | Path | None = None,
+                   max_length: int = 512) -> "T5TextEncoder":
+        """Wrap an encoder module (``model(input_ids=, attention_mask=)["last_hidden_state"]``, with
+        ``model.config.d_model``) and a tokenizer (``tokenizer(prompts, max_length=, padding=, truncation=,
+        return_tensors="pt")`` → ``input_ids``, ``attention_mask``) that are already loaded."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.path = Path(path) if path is not None else None
+        self.tokenizer = tokenizer
+        self.model = model.eval().requires_grad_(False)
+        self.max_length = max_length
+        self.out_dim = int(model.config.d_model)
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -246,7 +286,8 @@ class T5TextEncoder:
 def check_t5_directory(path: Path) -> None:
     """Raise ``FileNotFoundError`` naming every expected file when ``path`` is not a usable T5 directory."""
     expected = (
-        f"expected a local flan-t5 directory (e.g. flan-t5-xl) holding config.json, model weights (one of "
+        f"expected a local flan-t5 directory (e.g. flan-t5-xl, or a Hugging Face cache folder "
+        f"models--google--flan-t5-xl/snapshots/<hash>/) holding config.json, model weights (one of "
         f"{', '.join(T5_WEIGHT_FILES)} plus the shards an index names) and tokenizer files (one of "
         f"{', '.join(T5_TOKENIZER_FILES)}, with tokenizer_config.json / special_tokens_map.json)"
     )

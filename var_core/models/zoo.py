@@ -13,13 +13,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, did_you_mean
 from .loading import (VAR_ENTRY_FIELDS, CheckpointError, check_infinity_entry, check_infinity_pair,
                       check_infinity_schedule, check_var_entry, check_var_vqvae_pair, check_vqvae_entry,
-                      infer_var_config, infer_vqvae_config, load_strict, read_state_dict)
+                      hf_snapshot_dir, infer_var_config, infer_vqvae_config, is_shard_folder, load_strict,
+                      read_state_dict, shard_files)
 from .var import VAR, VARConfig, official_var_config
 
 PATCH_NUMS_256 = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
@@ -103,22 +105,138 @@ def _vqvae(kwargs: dict):
     return VQVAE(**kwargs)
 
 
-def _resolve_files(spec: ModelSpec, weights: str | Path | None, vae_weights: str | Path | None) -> tuple[Path, Path]:
+# ----- official file names: which file a --weights / --vae-weights path means --------------------------------
+#: Other spellings of official file names, as users download them. The model hub calls the Infinity-2B VAE
+#: ``infinity_vae_d32reg.pth`` while the repository's scripts spell it ``infinity_vae_d32_reg.pth``.
+ALTERNATE_FILE_NAMES: dict[str, tuple[str, ...]] = {
+    "infinity_vae_d32_reg.pth": ("infinity_vae_d32reg.pth",),
+}
+#: Entries whose transformer is a folder of shards (``model-0000i-of-0000n.safetensors`` + its index json).
+SHARDED_ENTRIES = frozenset({"infinity-8b"})
+SHARDS_NOTE = ("a folder of shards: model-0000i-of-0000n.safetensors with model.safetensors.index.json, or "
+               "pytorch_model-*.bin with pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """The files a zoo entry loads, as :func:`resolve_weight_files` found them (``searched``: the folders looked
+    in; ``sharded``: ``transformer`` is a folder of shards)."""
+
+    entry: str
+    transformer: Path
+    vae: Path
+    sharded: bool = False
+    searched: tuple[Path, ...] = ()
+
+
+def accepted_file_names(entry: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(transformer names, VAE names)`` accepted for zoo entry ``entry`` (``random:`` stripped), the spelling of
+    the official repository's scripts first, then the other spellings of :data:`ALTERNATE_FILE_NAMES`."""
+    base = entry.removeprefix("random:")
+    if base not in ZOO:
+        raise _unknown(entry)
+    spec = ZOO[base]
+    if spec.weight_file is None or spec.vae_file is None:
+        raise ValueError(f"zoo entry {base!r} has no official file names (it loads its own folder)")
+
+    def spellings(name: str) -> tuple[str, ...]:
+        return (name, *ALTERNATE_FILE_NAMES.get(name, ()))
+
+    return spellings(spec.weight_file), spellings(spec.vae_file)
+
+
+def _download_folder(path: Path) -> Path:
+    """``path``, or the snapshot folder when it is a Hugging Face cache folder (``models--org--name``)."""
+    if path.is_dir():
+        snapshot = hf_snapshot_dir(path)
+        if snapshot is not None:
+            return snapshot
+    return path
+
+
+def _find_named(folder: Path, names: Sequence[str], sharded: bool = False) -> Path | None:
+    for name in names:
+        candidate = folder / name
+        if (candidate.is_dir() and is_shard_folder(candidate)) if sharded else candidate.is_file():
+            return candidate
+    return None
+
+
+def _not_found(entry: str, missing: Sequence[tuple[str, Sequence[Path], Sequence[str], str, bool]]
+               ) -> CheckpointError:
+    """One error for every missing file ``(what, folders searched, accepted names, flag, sharded)``: names each
+    folder searched, every accepted name and what the folders do hold (with a did-you-mean)."""
+    parts, flags, held_all = [], [], []
+    for what, folders, names, flag, sharded in missing:
+        accepted = " or ".join(f"{n}/" if sharded else n for n in names)
+        held: list[str] = []
+        for folder in folders:
+            if folder.is_dir():
+                held += [p.name + ("/" if p.is_dir() else "") for p in sorted(folder.iterdir())]
+        where = ", ".join(str(f) for f in folders)
+        close = did_you_mean(names[0], [h.rstrip("/") for h in held], cutoff=0.85).strip()
+        parts.append(f"{what} weights: searched {where} for {accepted}" + (f" ({SHARDS_NOTE})" if sharded else "")
+                     + (f" ({close[0].lower()}{close[1:]})" if close else ""))
+        flags.append(flag)
+        held_all += [h for h in held if h not in held_all]
+    found = (f" Found there: {', '.join(held_all[:12])}{', …' if len(held_all) > 12 else ''}." if held_all
+             else " The folder is empty.")
+    return CheckpointError(f"{entry} weights not found: " + "; ".join(parts) + "." + found
+                           + f" Put the files there under one of those names, or pass {' / '.join(flags)} PATH; or "
+                             f"use 'random:{entry}' for seeded random weights")
+
+
+def resolve_weight_files(entry: str, weights: str | Path | None, vae_weights: str | Path | None = None
+                         ) -> WeightFiles:
+    """Which files ``--weights`` / ``--vae-weights`` mean for zoo entry ``entry`` (file names only: nothing is read
+    except a shard index).
+
+    ``weights`` may be a folder holding the official downloads (under any accepted name, see
+    :func:`accepted_file_names`), a Hugging Face cache folder (``models--FoundationVision--var``: its snapshot is
+    searched), the transformer file itself (the VAE is then looked for beside it) or, for ``infinity-8b``, the
+    sharded folder itself. ``vae_weights`` (a file, or a folder to search) overrides where the VAE is found. Files
+    that are not there raise one :class:`CheckpointError` naming every folder searched and every accepted name;
+    an incomplete shard folder names the missing shards."""
+    base = entry.removeprefix("random:")
+    t_names, v_names = accepted_file_names(base)
+    sharded = base in SHARDED_ENTRIES
     if weights is None:
+        extra = f" and {T5_DIR_NAME}/" if ZOO[base].family == "infinity" and INFINITY_SPECS[base].needs_t5 else ""
         raise CheckpointError(
-            f"model {spec.name!r} needs local weights: pass --weights DIR (holding {spec.weight_file} and "
-            f"{spec.vae_file}) or --weights {spec.weight_file} --vae-weights {spec.vae_file}; "
-            f"or use 'random:{spec.name}' for seeded random weights"
-        )
-    weights = Path(weights).expanduser()
-    if weights.is_dir():
-        var_path, vae_path = weights / spec.weight_file, weights / spec.vae_file
-    else:
-        var_path = weights
-        vae_path = weights.parent / spec.vae_file
+            f"model {base!r} needs local weights: pass --weights DIR (holding {' or '.join(t_names)}"
+            f"{'/' if sharded else ''}, {' or '.join(v_names)}{extra}) or --weights "
+            f"{t_names[0]} --vae-weights {v_names[0]}; or use 'random:{base}' for seeded random weights")
+    given = Path(weights).expanduser()
+    if not given.exists():
+        raise CheckpointError(f"--weights {given} does not exist: give the folder holding {' or '.join(t_names)} "
+                              f"and {' or '.join(v_names)}, or the transformer file itself")
+    folder = _download_folder(given)
+    missing = []
+    if folder.is_dir() and not (sharded and is_shard_folder(folder)):
+        transformer = _find_named(folder, t_names, sharded)
+        if transformer is None:
+            missing.append(("transformer", [folder], t_names, "--weights", sharded))
+        vae_folders = [folder]
+    else:  # the transformer itself: a file, or (infinity-8b) the folder of shards
+        transformer = folder
+        vae_folders = [folder.parent]
+    vae = None
     if vae_weights is not None:
-        vae_path = Path(vae_weights).expanduser()
-    return var_path, vae_path
+        v = _download_folder(Path(vae_weights).expanduser())
+        if not v.exists():
+            raise CheckpointError(f"--vae-weights {v} does not exist: give the VAE file ({' or '.join(v_names)}) or "
+                                  f"the folder holding it")
+        vae, vae_folders = (v, []) if v.is_file() else (None, [v])
+    if vae is None:
+        vae = next((f for f in (_find_named(d, v_names) for d in vae_folders) if f is not None), None)
+        if vae is None:
+            missing.append(("VAE", vae_folders, v_names, "--vae-weights", False))
+    if missing:
+        raise _not_found(base, missing)
+    searched = tuple(dict.fromkeys(([folder] if folder.is_dir() else []) + vae_folders))
+    if transformer.is_dir():
+        shard_files(transformer)  # complete before anything is read
+    return WeightFiles(base, transformer, vae, transformer.is_dir(), searched)
 
 
 def build_var_pair(var_cfg: VARConfig, vqvae_kwargs: dict, seed: int | None = 0):
@@ -263,6 +381,8 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     spec = ZOO[base]
     if spec.family == "infinity":
         return load_infinity_model(name, weights, vae_weights, device=device, seed=seed, dtype=dtype, **options)
+    if spec.family == "hart":
+        return load_hart_model(name, weights, vae_weights, device=device, seed=seed, dtype=dtype, **options)
     if options:
         raise TypeError(f"unexpected options for the VAR model {name!r}: {sorted(options)}")
     if base == "testbed":
@@ -274,8 +394,8 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     elif random_weights:
         var, vae = build_var_pair(spec.var_config, spec.vqvae_kwargs, seed)
     else:
-        var_path, vae_path = _resolve_files(spec, weights, vae_weights)
-        var, vae = load_var_files(var_path, vae_path, patch_nums=spec.var_config.patch_nums, entry=spec.name,
+        files = resolve_weight_files(spec.name, weights, vae_weights)
+        var, vae = load_var_files(files.transformer, files.vae, patch_nums=spec.var_config.patch_nums, entry=spec.name,
                                   expected=_entry_fields(spec), expected_vqvae=spec.vqvae_kwargs)
     var.to(device=device, dtype=dtype).eval().requires_grad_(False)
     vae.to(device=device).eval().requires_grad_(False)
@@ -297,6 +417,7 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
 # Infinity (bitwise text-to-image)
 # ================================================================================================================
 T5_DIR_NAME = "flan-t5-xl"
+T5_CACHE_NAME = "models--google--flan-t5-xl"  # its Hugging Face cache folder (snapshots/<hash>/ inside)
 T5_ENV = "VARSCOPE_T5_DIR"
 
 
@@ -356,22 +477,14 @@ ZOO.update({
 
 
 def read_sharded_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A file, or a directory of shards (``*.index.json`` naming them, or every weight file in it)."""
+    """A file, or a directory of shards (``*.index.json`` naming them, or ``*-0000i-of-0000n.*`` / every weight
+    file in it; see :func:`var_core.models.loading.shard_files`, which checks them complete first)."""
     path = Path(path).expanduser()
     if not path.is_dir():
         return read_state_dict(path)
-    index = sorted(path.glob("*.index.json"))
-    if index:
-        weight_map = json.loads(index[0].read_text()).get("weight_map", {})
-        shards = sorted(set(weight_map.values()))
-    else:
-        shards = sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".pth", ".pt"))
-    if not shards:
-        raise CheckpointError(f"no weight shards in {path}: expected *.index.json with its shards, or "
-                              f"*.safetensors / *.bin / *.pth files")
     merged: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        merged.update(read_state_dict(path / shard))
+    for shard in shard_files(path):
+        merged.update(read_state_dict(shard))
     return merged
 
 
@@ -456,36 +569,76 @@ def build_infinity_pair(cfg, vae_cfg, seed: int = 0):
     return model, vae
 
 
+def hf_hub_cache_dir() -> Path:
+    """The Hugging Face hub cache: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path("~/.cache/huggingface/hub").expanduser()
+
+
+def t5_candidates(text_encoder: str | Path | None, weights: str | Path | None) -> list[Path]:
+    """Where the flan-t5-xl encoder is looked for, in order: ``text_encoder`` alone when given; else
+    ``<weights folder>/flan-t5-xl`` and ``<weights folder>/models--google--flan-t5-xl`` (the folder of a weights
+    file counts), ``$VARSCOPE_T5_DIR``, and the Hugging Face hub cache's ``models--google--flan-t5-xl`` when it
+    exists. Each is resolved by :func:`var_core.models.text_encoder.resolve_t5_directory` (cache snapshots)."""
+    if text_encoder is not None:
+        return [Path(text_encoder).expanduser()]
+    candidates: list[Path] = []
+    if weights is not None:
+        folder = Path(weights).expanduser()
+        folder = folder if folder.is_dir() else folder.parent
+        candidates += [folder / T5_DIR_NAME, folder / T5_CACHE_NAME]
+    if os.environ.get(T5_ENV):
+        candidates.append(Path(os.environ[T5_ENV]).expanduser())
+    cached = hf_hub_cache_dir() / T5_CACHE_NAME
+    if cached.is_dir():
+        candidates.append(cached)
+    return candidates
+
+
+def find_t5_directory(spec_name: str, text_encoder: str | Path | None, weights: str | Path | None) -> Path:
+    """The first of :func:`t5_candidates` that holds a usable flan-t5 folder (a cache folder resolved to its
+    snapshot); else :class:`CheckpointError` naming every folder searched and what each lacks. Checks file names
+    only, so a missing encoder fails before any weights are read."""
+    from .text_encoder import check_t5_directory, resolve_t5_directory
+
+    candidates = t5_candidates(text_encoder, weights)
+    if not candidates:
+        raise CheckpointError(
+            f"model {spec_name!r} needs the flan-t5-xl text encoder: pass text_encoder=DIR (--text-encoder), put "
+            f"it at --weights DIR/{T5_DIR_NAME}, or set ${T5_ENV}; a Hugging Face cache folder "
+            f"({T5_CACHE_NAME}, also found by itself in {hf_hub_cache_dir()}) works too. The directory must hold "
+            f"config.json, the model weights (model.safetensors or pytorch_model.bin, or their *.index.json and "
+            f"shards) and the tokenizer (spiece.model or tokenizer.json). Nothing is downloaded."
+        )
+    problems = []
+    for path in candidates:
+        try:
+            resolved = resolve_t5_directory(path)
+            if not resolved.exists():
+                problems.append(f"{path} (absent)")
+                continue
+            check_t5_directory(resolved)
+            return resolved
+        except (FileNotFoundError, CheckpointError) as exc:
+            problems.append(str(exc))
+    raise CheckpointError(
+        f"flan-t5-xl text encoder for {spec_name!r} not found: searched {'; '.join(problems)}. Pass --text-encoder "
+        f"DIR (a {T5_DIR_NAME} folder, or its Hugging Face cache folder {T5_CACHE_NAME}), put it at --weights "
+        f"DIR/{T5_DIR_NAME}, or set ${T5_ENV}. Nothing is downloaded.")
+
+
 def _t5_encoder(spec_name: str, text_encoder, weights: Path | None, device, dtype):
-    """The flan-t5 encoder for a real Infinity model, from an explicit directory, ``--weights DIR/flan-t5-xl``
-    or ``$VARSCOPE_T5_DIR``."""
+    """The flan-t5 encoder for a real Infinity model (see :func:`t5_candidates` for where it is looked for)."""
     from .text_encoder import T5TextEncoder
 
     if text_encoder is not None and not isinstance(text_encoder, (str, Path)):
         return text_encoder  # an encoder object
-    candidates = []
-    if text_encoder is not None:
-        candidates.append(Path(text_encoder).expanduser())
-    else:
-        if weights is not None and Path(weights).is_dir():
-            candidates.append(Path(weights) / T5_DIR_NAME)
-        if os.environ.get(T5_ENV):
-            candidates.append(Path(os.environ[T5_ENV]).expanduser())
-    if not candidates:
-        raise CheckpointError(
-            f"model {spec_name!r} needs the flan-t5-xl text encoder: pass text_encoder=DIR (--text-encoder), put "
-            f"it at --weights DIR/{T5_DIR_NAME}, or set ${T5_ENV}. The directory must hold config.json, the model "
-            f"weights (model.safetensors or pytorch_model.bin, or their *.index.json and shards) and the tokenizer "
-            f"(spiece.model or tokenizer.json). Nothing is downloaded."
-        )
+    path = find_t5_directory(spec_name, text_encoder, weights)
     t5_dtype = torch.float16 if torch.device(device).type == "cuda" and dtype != torch.float32 else torch.float32
-    errors = []
-    for path in candidates:
-        try:
-            return T5TextEncoder(path, device=device, dtype=t5_dtype)
-        except FileNotFoundError as exc:
-            errors.append(str(exc))
-    raise CheckpointError("; ".join(errors))
+    return T5TextEncoder(path, device=device, dtype=t5_dtype)
 
 
 def load_infinity_model(name: str, weights=None, vae_weights=None, device="cpu", seed: int = 0,
@@ -499,7 +652,6 @@ def load_infinity_model(name: str, weights=None, vae_weights=None, device="cpu",
     random_weights = name.startswith("random:")
     base = name.removeprefix("random:")
     spec = INFINITY_SPECS[base]
-    zoo_spec = ZOO[base]
     default_num_scales = spec.num_scales
     if base == "official-infinity-tiny":
         model, vae, config = load_infinity_fixture_files(weights)
@@ -510,25 +662,11 @@ def load_infinity_model(name: str, weights=None, vae_weights=None, device="cpu",
     elif random_weights:
         model, vae = build_infinity_pair(spec.config, spec.vae_config, seed)
     else:
-        if weights is None:
-            raise CheckpointError(
-                f"model {base!r} needs local weights: pass --weights DIR (holding {zoo_spec.weight_file}, "
-                f"{zoo_spec.vae_file}" + (f" and {T5_DIR_NAME}/" if spec.needs_t5 else "") + f") or --weights "
-                f"{zoo_spec.weight_file} --vae-weights {zoo_spec.vae_file}; or use 'random:{base}' for seeded random "
-                f"weights"
-            )
+        files = resolve_weight_files(base, weights, vae_weights)
+        inf_path, vae_path = files.transformer, files.vae
         weights = Path(weights).expanduser()
-        if weights.is_dir() and (weights / spec.weight_file).exists():
-            inf_path = weights / spec.weight_file
-            vae_path = weights / spec.vae_file
-        else:
-            inf_path, vae_path = weights, weights.parent / spec.vae_file
-        if vae_weights is not None:
-            vae_path = Path(vae_weights).expanduser()
-        for what, path in (("transformer", inf_path), ("VAE", vae_path)):
-            if not path.exists():
-                raise CheckpointError(f"Infinity {what} weights not found: {path} (expected the official file "
-                                      f"{spec.weight_file if what == 'transformer' else spec.vae_file})")
+        if spec.needs_t5 and (text_encoder is None or isinstance(text_encoder, (str, Path))):
+            text_encoder = find_t5_directory(base, text_encoder, weights)  # before the large files are read
         overrides = {}
         if spec.config is not None:
             overrides = dict(apply_spatial_patchify=spec.config.apply_spatial_patchify,
@@ -558,4 +696,276 @@ def load_infinity_model(name: str, weights=None, vae_weights=None, device="cpu",
                               num_scales=num_scales, cfg_insertion_layer=cfg_insertion_layer,
                               negative_prompt=negative_prompt)
     adapter.model_name = name
+    return adapter
+
+
+# ================================================================================================================
+# HART (hybrid autoregressive transformer: discrete next-scale tokens + a residual diffusion head)
+# ================================================================================================================
+HART_TEXT_DIR_NAME = "Qwen2-VL-1.5B-Instruct"
+HART_TEXT_CACHE_NAME = "models--mit-han-lab--Qwen2-VL-1.5B-Instruct"
+HART_TEXT_ENV = "VARSCOPE_QWEN2_DIR"
+HART_EMA_FILE = "ema_model.bin"  # the official scripts load these weights by default (use_ema=True)
+
+
+def default_hart_fixture_dir() -> Path:
+    """The official HART golden fixture: ``$VARSCOPE_HART_FIXTURE`` or ``../shared/fixtures/official_hart_tiny``."""
+    env = os.environ.get("VARSCOPE_HART_FIXTURE")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_hart_tiny"
+
+
+@dataclass(frozen=True)
+class HARTSpec:
+    """How to build / find one HART model. ``config`` None: read from the folder's config.json files."""
+
+    config: object | None  # HARTConfig
+    tokenizer_config: object | None  # HARTTokenizerConfig
+    needs_text_encoder: bool = True
+    assumptions: dict = field(default_factory=dict)  # field -> (value, evidence): checked against real files
+
+
+#: What ``hart-0.7b`` assumes of the release where specs/hart.md §2.2 could only infer it (the release config.json
+#: files were not available): field -> (assumed value, evidence). A checkpoint whose config.json disagrees is refused
+#: with the field named (``check_assumptions=False`` loads it as its config.json says).
+HART_0P7B_ASSUMPTIONS: dict[str, tuple[object, str]] = {
+    "context_token": (300, "sample.py / app.py pad every prompt to max_token_length=300"),
+    "context_dim": (1536, "the hidden size of the Qwen2-1.5B text model"),
+    "patch_nums": ((1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64), "FastVAR's HART port writes this list"),
+    "depth": (24, "24 x 1536 wide gives 729.7 M parameters = '0.7b' with the paper's 37 M diffusion head"),
+    "embed_dim": (1536, "see depth"),
+    "num_heads": (24, "head_dim 64"),
+    "disable_aln": (True, "FastVAR's port modifies exactly this branch; with per-block AdaLN the model is 1.07 B"),
+    "mlp_ratio": (4.0, "SwiGLU hidden 4096"),
+    "diff_width": (1024, "class default; gives the paper's 37 M diffusion head"),
+    "diff_depth": (6, "class default; see diff_width"),
+    "num_sampling_steps": (8, "class default '8'"),
+    "tokenizer.vocab_size": (4096, "HART's tokenizer is VAR's vae_ch160v4096z32 with the hybrid quantizer"),
+    "tokenizer.z_channels": (32, "see tokenizer.vocab_size"),
+    "tokenizer.ch": (160, "see tokenizer.vocab_size"),
+    "tokenizer.ch_mult": ((1, 1, 2, 2, 4), "16x downsampling gives the 64x64 latent of 1024 px"),
+}
+
+
+def _hart_specs() -> dict[str, HARTSpec]:
+    from .hart import HART_0P7B, HARTConfig
+    from .hart_tokenizer import HARTTokenizerConfig
+
+    tiny_tok = HARTTokenizerConfig(vocab_size=1024, z_channels=16, ch=32, ch_mult=(1, 1, 2, 2, 4),
+                                   v_patch_nums=(1, 2, 3, 4, 5, 6, 8))
+    tiny = HARTConfig(context_token=16, context_dim=64, depth=4, embed_dim=64, num_heads=2,
+                      patch_nums=(1, 2, 3, 4, 5, 6, 8), vocab_size=1024, z_channels=16, diff_width=64, diff_depth=2)
+    return {
+        "hart-0.7b": HARTSpec(HART_0P7B, HARTTokenizerConfig(), assumptions=HART_0P7B_ASSUMPTIONS),
+        "hart-tiny": HARTSpec(tiny, tiny_tok, needs_text_encoder=False),
+        "official-hart-tiny": HARTSpec(None, None, needs_text_encoder=False),
+    }
+
+
+HART_SPECS: dict[str, HARTSpec] = _hart_specs()
+ZOO.update({
+    spec.name: spec
+    for spec in (
+        ModelSpec("hart-0.7b", "hart", "official HART-0.7B (Qwen2-1.5B text, hybrid tokenizer + 37M residual diffusion "
+                  "head), 1024px; --weights: the hart-0.7b-1024px folder (llm/, tokenizer/)"),
+        ModelSpec("hart-tiny", "hart", "a 4-layer, 64-wide HART on a 7-scale schedule (128px) with a tiny random text "
+                  "encoder and diffusion head; use random:hart-tiny (tests, demos, CPU benchmarks)"),
+        ModelSpec("official-hart-tiny", "hart", "the official-code golden fixture's random tiny HART (llm/, or "
+                  "llm_aln/ with variant='llm_aln'; precomputed contexts or a random text encoder)"),
+    )
+})
+
+
+def _hart_llm_weights(llm_dir: Path, use_ema: bool) -> Path:
+    from .hart_tokenizer import hf_weight_file
+
+    if use_ema and (llm_dir / HART_EMA_FILE).is_file():
+        return llm_dir / HART_EMA_FILE
+    return hf_weight_file(llm_dir, "HART transformer")
+
+
+def hart_folders(weights: str | Path, vae_weights: str | Path | None = None, variant: str = "llm"
+                 ) -> tuple[Path, Path]:
+    """``(llm folder, tokenizer folder)`` from ``--weights``: the checkpoint folder holding ``llm/`` and
+    ``tokenizer/`` (a Hugging Face cache folder: its snapshot), or the ``llm/`` folder itself (the tokenizer is then
+    its sibling ``../tokenizer``, the official rule); ``vae_weights`` overrides the tokenizer folder."""
+    given = _download_folder(Path(weights).expanduser())
+    if not given.is_dir():
+        raise CheckpointError(f"--weights {given} is not a folder: give the HART checkpoint folder (holding "
+                              f"{variant}/ and tokenizer/) or its {variant}/ folder")
+    if (given / variant / "config.json").is_file():
+        llm = given / variant
+    elif (given / "config.json").is_file() and (given / "config.json").read_text().find("hart_transformer") >= 0:
+        llm = given
+    else:
+        held = sorted(p.name + ("/" if p.is_dir() else "") for p in given.iterdir())[:12]
+        raise CheckpointError(f"HART weights not found: {given} holds neither {variant}/config.json nor a HART "
+                              f"transformer config.json (found: {held}). Pass the folder of the download "
+                              f"(hart-0.7b-1024px with llm/ and tokenizer/), or 'random:<entry>' for seeded random "
+                              f"weights")
+    tok = _download_folder(Path(vae_weights).expanduser()) if vae_weights is not None else llm.parent / "tokenizer"
+    if not (tok / "config.json").is_file():
+        raise CheckpointError(f"HART tokenizer folder not found: {tok} has no config.json (pass --vae-weights "
+                              f"TOKENIZER_DIR, or keep tokenizer/ next to {llm.name}/ as in the download)")
+    return llm, tok
+
+
+def _check_hart_assumptions(entry: str, spec: HARTSpec, cfg, tok_cfg, llm_dir: Path, tok_dir: Path) -> None:
+    from .loading import CheckpointMismatchError
+
+    diffs = []
+    for name, (want, evidence) in spec.assumptions.items():
+        if name.startswith("tokenizer."):
+            got, where = getattr(tok_cfg, name.split(".", 1)[1]), tok_dir / "config.json"
+        else:
+            got, where = getattr(cfg, name), llm_dir / "config.json"
+        if isinstance(want, tuple):
+            got = tuple(got)
+        if got != want:
+            diffs.append(f"{where} has {name.removeprefix('tokenizer.')}={got!r} but zoo entry {entry!r} assumes "
+                         f"{want!r} (inferred, not read from a release config: {evidence})")
+    if diffs:
+        raise CheckpointMismatchError(
+            "; ".join(diffs) + f". If these files are the genuine release, the inference (specs/hart.md §2.2) was "
+            f"wrong for that field: load them as their config.json says with load_model({entry!r}, weights=..., "
+            f"check_assumptions=False) and report the value")
+
+
+def load_hart_files(llm_dir: Path, tok_dir: Path, *, use_ema: bool = True, log=None):
+    """``(transformer, tokenizer, info)`` from an official ``llm/`` and ``tokenizer/`` folder (configs from their
+    config.json files, strict loads; ``lvl_1L`` checked against the schedule, ``disc.*`` ignored)."""
+    from .hart import HARTConfig, HARTTransformer, prepare_hart_state_dict
+    from .hart_tokenizer import load_hart_tokenizer, read_hf_config
+
+    tok, info = load_hart_tokenizer(tok_dir, log=log)
+    data = read_hf_config(llm_dir, "HART transformer")
+    if data.get("model_type") not in (None, "hart_transformer_t2i"):
+        raise CheckpointError(f"{llm_dir / 'config.json'} has model_type {data.get('model_type')!r}: not a HART "
+                              f"transformer (hart_transformer_t2i)")
+    cfg = HARTConfig.from_json(data, tok.cfg, source=str(llm_dir / "config.json"))
+    path = _hart_llm_weights(llm_dir, use_ema)
+    sd = read_sharded_state_dict(path)
+    gate = sd.get("blocks.0.ffn.gate_proj.weight")
+    if gate is not None and gate.shape[0] != cfg.mlp_hidden:
+        import dataclasses as _dc
+
+        cfg = _dc.replace(cfg, mlp_hidden_override=int(gate.shape[0]))
+    model = HARTTransformer(cfg)
+    load_strict(model, prepare_hart_state_dict(sd, model, str(path)), "HART transformer", path)
+    info.update(transformer_weights=str(path), ema=path.name == HART_EMA_FILE)
+    return model.eval(), tok, info
+
+
+def build_hart_pair(cfg, tok_cfg, seed: int = 0):
+    """HART transformer + tokenizer with seeded random weights (private RNG; the global RNG state is untouched)."""
+    from .hart import HARTTransformer, randomize_hart_
+    from .hart_tokenizer import HARTTokenizer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = HARTTokenizer(tok_cfg)
+        with torch.no_grad():
+            tok.vae.quantize.embedding.weight.normal_(0, 0.1)  # a codebook at the encoder features' spread
+    model = HARTTransformer(cfg)
+    randomize_hart_(model, seed)
+    return model, tok
+
+
+def hart_text_candidates(text_encoder: str | Path | None, weights: str | Path | None) -> list[Path]:
+    """Where the Qwen2 encoder is looked for: ``text_encoder`` alone when given; else beside / inside the weights
+    folder (``Qwen2-VL-1.5B-Instruct``, its cache folder), ``$VARSCOPE_QWEN2_DIR``, the hub cache."""
+    if text_encoder is not None:
+        return [Path(text_encoder).expanduser()]
+    out: list[Path] = []
+    if weights is not None:
+        folder = Path(weights).expanduser()
+        for base in (folder, folder.parent):
+            out += [base / HART_TEXT_DIR_NAME, base / HART_TEXT_CACHE_NAME]
+    if os.environ.get(HART_TEXT_ENV):
+        out.append(Path(os.environ[HART_TEXT_ENV]).expanduser())
+    cached = hf_hub_cache_dir() / HART_TEXT_CACHE_NAME
+    if cached.is_dir():
+        out.append(cached)
+    return out
+
+
+def find_qwen2_directory(entry: str, text_encoder, weights) -> Path:
+    from .hart_text import check_qwen2_directory, resolve_qwen2_directory
+
+    problems = []
+    for path in hart_text_candidates(text_encoder, weights):
+        resolved = resolve_qwen2_directory(path)
+        if not resolved.exists():
+            problems.append(f"{path} (absent)")
+            continue
+        try:
+            check_qwen2_directory(resolved)
+            return resolved
+        except FileNotFoundError as exc:
+            problems.append(str(exc))
+    raise CheckpointError(
+        f"the Qwen2 text encoder of {entry!r} was not found" + (f": searched {'; '.join(problems)}" if problems
+                                                                else "") +
+        f". Pass text_encoder=DIR (a local {HART_TEXT_DIR_NAME} folder or its cache folder {HART_TEXT_CACHE_NAME}), "
+        f"put it next to the weights, or set ${HART_TEXT_ENV}; or pass text_encoder=False and give precomputed "
+        f"HARTContext conditions. Nothing is downloaded.")
+
+
+def load_hart_model(name: str, weights=None, vae_weights=None, device="cpu", seed: int = 0,
+                    dtype: torch.dtype = torch.float32, text_encoder=None, system_prompt: str | None = None,
+                    use_ema: bool = True, check_assumptions: bool = True, variant: str = "llm",
+                    keep_diffusion_trace: bool = False):
+    """A :class:`~var_core.engine.adapters.hart_adapter.HARTAdapter` for a named HART model.
+
+    ``weights``: the checkpoint folder (``llm/`` + ``tokenizer/``; ``official-hart-tiny``: the fixture folder,
+    default ``$VARSCOPE_HART_FIXTURE``). ``use_ema``: ``llm/ema_model.bin`` when present (the official scripts'
+    default). ``text_encoder``: a Qwen2 folder, an encoder object, or False (precomputed contexts only).
+    ``variant``: the transformer subfolder (``llm_aln`` for the fixture's AdaLN model)."""
+    from ..engine.adapters.hart_adapter import HARTAdapter
+    from .hart_text import Qwen2TextEncoder, RandomHARTTextEncoder
+
+    random_weights = name.startswith("random:")
+    base = name.removeprefix("random:")
+    spec = HART_SPECS[base]
+    info: dict = {}
+    if base == "official-hart-tiny":
+        folder = Path(weights) if weights is not None else default_hart_fixture_dir()
+        llm_dir, tok_dir = hart_folders(folder, vae_weights, variant)
+        model, tok, info = load_hart_files(llm_dir, tok_dir, use_ema=use_ema)
+        if random_weights:
+            model, tok = build_hart_pair(model.cfg, tok.cfg, seed)
+    elif random_weights:
+        model, tok = build_hart_pair(spec.config, spec.tokenizer_config, seed)
+    else:
+        if weights is None:
+            raise CheckpointError(f"model {base!r} needs local weights: pass --weights DIR (the checkpoint folder "
+                                  f"holding llm/ and tokenizer/); or use 'random:{base}' for seeded random weights")
+        llm_dir, tok_dir = hart_folders(weights, vae_weights, variant)
+        if spec.needs_text_encoder and text_encoder is None:
+            text_encoder = find_qwen2_directory(base, None, weights)  # before the large files are read
+        model, tok, info = load_hart_files(llm_dir, tok_dir, use_ema=use_ema)
+        if check_assumptions and spec.assumptions:
+            _check_hart_assumptions(base, spec, model.cfg, tok.cfg, llm_dir, tok_dir)
+    cfg = model.cfg
+    if text_encoder is False:
+        encoder = None
+    elif text_encoder is not None and not isinstance(text_encoder, (str, Path)):
+        encoder = text_encoder
+    elif text_encoder is not None or (spec.needs_text_encoder and not random_weights):
+        path = find_qwen2_directory(base, text_encoder, weights)
+        te_dtype = torch.float16 if torch.device(device).type == "cuda" and dtype != torch.float32 else torch.float32
+        encoder = Qwen2TextEncoder(path, device=device, dtype=te_dtype, max_length=cfg.context_token,
+                                   system_prompt=system_prompt)
+    else:
+        encoder = RandomHARTTextEncoder(out_dim=cfg.context_dim, max_length=cfg.context_token, seed=seed)
+        encoder.to(device)
+    if encoder is not None and encoder.out_dim != cfg.context_dim:
+        raise CheckpointError(f"the text encoder gives {encoder.out_dim}-dim features but {base} reads "
+                              f"context_dim={cfg.context_dim}")
+    model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    tok.to(device=device).eval().requires_grad_(False)
+    adapter = HARTAdapter(model, tok, encoder, keep_diffusion_trace=keep_diffusion_trace)
+    adapter.model_name = name
+    adapter.load_info = info
     return adapter

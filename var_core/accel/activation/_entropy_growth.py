@@ -11,6 +11,8 @@ Used by the ``entropy_inflection`` activation and by the linkage schedules (whic
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..base import Signals
@@ -18,7 +20,8 @@ from ..entropy import max_token_entropy, scale_entropy
 
 SMOOTHINGS = ("backward", "none")
 REFERENCES = ("mean", "max")
-GROWTH_TESTS = ("magnitude", "signed")
+GROWTH_TESTS = ("signed", "magnitude")
+SCOPES = ("sample", "batch", "pooled")
 FIRST_ACCELERATED = ("after", "at")
 
 
@@ -95,11 +98,13 @@ def fires_at(H_BK: torch.Tensor, u: int, *, t_est: int, alpha: float, reference:
     delta = smoothed_growth(g, u, smoothing)
     if test == "magnitude":
         return delta.abs() < alpha * ref  # NaN compares False: never fires on undefined values
+    if test != "signed":
+        raise ValueError(f"unknown growth test {test!r}; choose one of {GROWTH_TESTS}")
     return delta < alpha * ref
 
 
 def first_accelerated_scale(H_BK: torch.Tensor, *, t_est: int, alpha: float, reference: str = "mean",
-                            smoothing: str = "backward", test: str = "magnitude", first_accelerated: str = "after"
+                            smoothing: str = "backward", test: str = "signed", first_accelerated: str = "after"
                             ) -> torch.Tensor:
     """Offline form of the online rule: int64 ``[B]`` first accelerated 0-indexed scale (``K`` = never) for a
     whole curve ``H [B, K]``. The activation component runs :func:`fires_at` scale by scale with the same result."""
@@ -110,3 +115,18 @@ def first_accelerated_scale(H_BK: torch.Tensor, *, t_est: int, alpha: float, ref
                          test=test).cpu()
         first = torch.where((first == K) & fired, torch.full_like(first, u + 1), first)
     return first
+
+
+def quorum_size(batch_size: int, share: float) -> int:
+    """Samples that must have fired before a batch-level activation switches the whole batch on:
+    ``ceil(share · B)``, at least 1 (so a batch of one behaves like the per-sample rule)."""
+    return max(1, min(batch_size, math.ceil(share * batch_size - 1e-9)))
+
+
+def batch_first_scale(first_B: torch.Tensor, share: float, num_scales: int) -> int:
+    """Offline form of the ``batch`` scope: the batch's first accelerated 0-indexed scale given each sample's own
+    (``num_scales`` = never) — the ``quorum_size``-th smallest of them, i.e. the first scale by which that many
+    samples have fired. Every sample of the batch is accelerated from there on."""
+    need = quorum_size(first_B.numel(), share)
+    value = int(first_B.sort().values[need - 1])
+    return min(value, num_scales)

@@ -60,17 +60,28 @@ def guidance_discrepancy(cond_BNV: torch.Tensor, uncond_BNV: torch.Tensor, famil
 
 @GUIDANCES.register("sats")
 class SATS(Guidance):
-    """LD-Pruning §3.2 SATS: per sample, once ``γ_k < δ`` the sample is conditional-only at every later scale.
+    """LD-Pruning §5.2 SATS: per sample, once ``γ_k < δ`` the sample is conditional-only at every later scale.
 
-    Knob that matters: ``delta`` (δ = 0.15). ``γ_k`` (RECONSTRUCTED, specs §3.2) is measured on the raw head
-    outputs of scale k's conditional and unconditional rows (before the sampler's temperature and filters), in
-    the space chosen by ``space`` (RECONSTRUCTED): ``expected_code`` (Infinity only: the expected residual code
-    ``s(2p−1)`` per bit — the spec's default), ``probabilities`` (per-bit for Infinity, codebook distribution for
-    VAR), ``logits``; ``auto`` (default) = ``expected_code`` on Infinity, ``probabilities`` on VAR. The spec's
-    codebook-VAR form (expected code embedding ``Σ_v p_v e_v``) needs the codebook, which components cannot see;
-    ``probabilities`` is the available stand-in. ``normalization`` (RECONSTRUCTED): ``cond`` (÷ ‖f(c)‖, the spec)
-    or ``symmetric`` (÷ mean of both norms). ``min_scale``: no test before that scale (a guard not in the source;
-    default 0 = none; the spec suggests K/2).
+    Knob that matters: ``delta`` (δ = 0.15, FOUND(paper §6.3)). Where it may act, ``min_scale`` (default −4) and
+    ``scales``: the paper runs "SATS at scales 9 to 12" of Infinity's 13 (FOUND(paper §6.1), errata 1), mapped by
+    position from the end (−4 … −1) on other schedules. What those four scales are is RECONSTRUCTED (``scales``):
+
+    * ``dropped`` (default): the scales that may run without the unconditional branch — γ is tested from scale
+      ``min_scale − 1`` (8 of 13) on, so the branch can stop from 9 on (the paper accelerates "only the detail
+      scales {9, 10, 11, 12}", and LHEP starts at 10, so SATS must be what accelerates 9);
+    * ``tested``: the scales whose γ is tested — γ_9 … γ_12, the branch stops from 10 at the earliest.
+
+    ``min_scale=0`` removes the guard (γ tested from the first scale on).
+
+    ``γ_k`` (the paper's equation is not in our copy; RECONSTRUCTED, specs §3.2) is measured on scale k's
+    conditional and unconditional head outputs, in the space chosen by ``space``: ``expected_code`` (Infinity only:
+    the expected residual code ``s(2p−1)`` per bit — the spec's default), ``probabilities`` (per-bit for Infinity,
+    codebook distribution for VAR), ``logits``; ``auto`` (default) = ``expected_code`` on Infinity, ``probabilities``
+    on VAR. The spec's codebook-VAR form (expected code embedding ``Σ_v p_v e_v``) needs the codebook, which
+    components cannot see; ``probabilities`` is the available stand-in. ``temperature`` (RECONSTRUCTED): ``raw``
+    (default: the head outputs before the sampler's temperature and filters) or ``sampling`` (the logits divided
+    by the run's sampling temperature first — the spec's "temperature-scaled" probabilities; Infinity's τ, 1 on
+    VAR). ``normalization`` (RECONSTRUCTED): ``cond`` (÷ ‖f(c)‖, the spec) or ``symmetric`` (÷ mean of both norms).
 
     A sample whose γ falls below δ at scale k uses its conditional logits from scale k+1 on (``cond_only_B``,
     outputs equal a physical row drop); once every sample has stopped the uncond rows are dropped physically
@@ -86,7 +97,21 @@ class SATS(Guidance):
                           "probabilities on VAR)", choices=SPACES, reconstructed=True)
         normalization: str = knob("cond", "RECONSTRUCTED: γ's denominator, ‖f(c)‖ ('cond') or the mean of both "
                                   "norms ('symmetric')", choices=("cond", "symmetric"), reconstructed=True)
-        min_scale: int = knob(0, "first scale at which the test may fire (0-indexed; -k = k-th from the end)")
+        min_scale: int = knob(-4, "first scale of SATS's window (0-indexed; -k = k-th from the end). LD-Pruning: "
+                              "scales 9-12 of 13, i.e. -4; 0 = no guard. What the window means: see 'scales'")
+        scales: str = knob("dropped", "RECONSTRUCTED: what min_scale bounds: 'dropped' = the first scale that may "
+                           "run without the unconditional branch (γ tested from min_scale-1 on); 'tested' = the "
+                           "first scale whose γ is tested (the branch can stop from min_scale+1 on)",
+                           choices=("dropped", "tested"), reconstructed=True)
+        temperature: str = knob("raw", "RECONSTRUCTED: γ on the raw head outputs ('raw') or on the logits divided "
+                                "by the run's sampling temperature ('sampling')", choices=("raw", "sampling"),
+                                reconstructed=True)
+
+    def first_tested_scale(self, num_scales: int) -> int:
+        """The first scale whose γ is tested (0-indexed) on a ``num_scales`` schedule."""
+        m = self.config.min_scale
+        first = m if m >= 0 else num_scales + m
+        return max(0, first - 1) if self.config.scales == "dropped" else first
 
     def _resolved_space(self, family: str) -> str:
         return AUTO_SPACE.get(family, "probabilities") if self.config.space == "auto" else self.config.space
@@ -96,14 +121,20 @@ class SATS(Guidance):
             raise ValueError(f"guidance 'sats': space={self.config.space!r} is not available for the "
                              f"{info.family!r} family (available: {SPACES_BY_FAMILY.get(info.family)}); the "
                              f"codebook expected embedding needs the codebook, which components cannot see")
+        m = self.config.min_scale
+        if not 0 <= (m if m >= 0 else info.num_scales + m) < info.num_scales:
+            raise ValueError(f"guidance 'sats': min_scale={m} is outside the {info.num_scales} scales of this model; "
+                             f"use --set guidance.min_scale=<-{info.num_scales}..{info.num_scales - 1}> (0 = no guard)")
 
     def start(self, info, signals: Signals) -> None:
         self.check_model(info)
         self._family = info.family
         self._space = self._resolved_space(info.family)
         self._num_scales = info.num_scales
-        m = self.config.min_scale
-        self._min_scale = m if m >= 0 else info.num_scales + m
+        self._min_scale = self.first_tested_scale(info.num_scales)
+        sampling = getattr(info, "sampling", None)
+        tau = float(getattr(sampling, "temperature", 1.0) or 1.0)
+        self._inv_tau = 1.0 / tau if self.config.temperature == "sampling" else 1.0
         self._stop_B = torch.full((info.batch_size,), info.num_scales, dtype=torch.long)
         signals.extras["sats_stop_scale"] = self._stop_B
         signals.extras["sats_gamma"] = {}
@@ -112,8 +143,8 @@ class SATS(Guidance):
         if ctx.guidance is not GuidanceMode.BOTH:
             return
         B, si = ctx.batch_size, ctx.scale_index
-        gamma_B = guidance_discrepancy(raw_logits_RNV[:B], raw_logits_RNV[B:], self._family, self._space,
-                                       self.config.normalization)
+        logits = raw_logits_RNV if self._inv_tau == 1.0 else raw_logits_RNV.float() * self._inv_tau
+        gamma_B = guidance_discrepancy(logits[:B], logits[B:], self._family, self._space, self.config.normalization)
         signals.extras["sats_gamma"][si] = gamma_B
         stop_B = self._stop_B.to(gamma_B.device)
         if si >= self._min_scale:

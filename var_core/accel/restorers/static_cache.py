@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from ...engine.adapters.base import row_slice_after_drop
+from ...errors import UserError
 from ...engine.context import GuidanceMode, ScaleContext
-from ...engine.policy import scatter_into, scatter_into_zeros
+from ...engine.policy import scatter_into
 from ..base import NO_NEEDS, Needs, Restorer, Signals
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import RESTORERS
@@ -65,6 +66,10 @@ def resolve_scale(index: int, num_scales: int) -> int:
     return index if index >= 0 else num_scales + index
 
 
+class CacheMissError(UserError, RuntimeError):
+    """A static-cache restore found no cached output: the configuration prunes before its cache scale."""
+
+
 @RESTORERS.register("static_cache")
 class StaticCache(Restorer):
     """FastVAR §5 CTR: pruned slots get the same (block, branch) output cached at scale ``cache_scale``, resampled.
@@ -76,8 +81,9 @@ class StaticCache(Restorer):
     5: from ``cache_scale`` on, the cache is refreshed after every scale with that scale's full (restored)
     branch outputs, so scale k restores from the most recent earlier scale). The cache holds references to
     the outputs the loop computed anyway (no copies); rows follow guidance drops (the dropped half is sliced
-    off). Where no cache exists yet (pruning at or before ``cache_scale``, or the cache scale was skipped) the
-    pruned slots get zero (identity) and ``signals.extras["static_cache_misses"]`` counts the occurrences.
+    off). A restore that finds no cache (pruning at or before the cache scale, or the cache scale was skipped or
+    is not in the schedule) raises :class:`CacheMissError` naming the scales and the fix — it never silently acts
+    as identity (the ``identity`` restorer is that arm); ``signals.extras["static_cache_misses"]`` counts it first.
     """
 
     @dataclass(frozen=True)
@@ -128,6 +134,13 @@ class StaticCache(Restorer):
         base_RNC = self.cached(ctx, block, branch)
         if base_RNC is None:
             signals.extras["static_cache_misses"] = int(signals.extras.get("static_cache_misses", 0)) + 1
-            return scatter_into_zeros(out_kept_RnC, keep_Rn, x_RNC.shape[1])
+            first = getattr(self, "_first", None)
+            where = "at no scale of this schedule" if first is None else f"at scale {first}"
+            raise CacheMissError(
+                f"restorer 'static_cache': scale {ctx.scale_index} block {block} ({branch}) is pruned but no cache "
+                f"exists yet: it is taken {where} (cache_scale={self.config.cache_scale}), which is not before this "
+                f"scale or was not generated. Set "
+                f"restorer.cache_scale to a scale before the first accelerated one (FastVAR: the last scale before "
+                f"the pruned ones), start acceleration later, or use the 'identity' restorer for no update")
         entry_hw = self._cache[(block, branch)][1]
         return fill_pruned(base_RNC, out_kept_RnC, keep_Rn, owned=tuple(entry_hw) != tuple(ctx.hw))

@@ -155,6 +155,44 @@ def layer_entropy_difference_B(ctx, signals: Signals, block: int, first_block_re
     return current - torch.stack(earlier).nanmean(0)
 
 
+def profile_difference_B(ctx, profile: tuple[float, ...], block: int) -> torch.Tensor:
+    """``[B]``: ``P_l − mean_{j<l} P_j`` from a FIXED per-block entropy profile (``P[b]`` = entropy of the state
+    entering 0-indexed block ``b``, the same for every sample and scale); NaN (→ base ratio) for the first block."""
+    B = ctx.batch_size
+    if block < 1:
+        return torch.full((B,), float("nan"), dtype=torch.float64)
+    values = torch.tensor(profile[: block + 1], dtype=torch.float64)
+    return (values[block] - values[:block].mean()).expand(B).clone()
+
+
+def layer_difference_B(ctx, signals: Signals, block: int, first_block_reference: str,
+                       profile: tuple[float, ...]) -> torch.Tensor:
+    """The layer-entropy difference of the layer linkage: from the fixed ``profile`` when one is given (no lens),
+    else from the logit lens (:func:`layer_entropy_difference_B`)."""
+    if profile:
+        return profile_difference_B(ctx, profile, block)
+    return layer_entropy_difference_B(ctx, signals, block, first_block_reference)
+
+
+def measure_layer_profile(signals: Signals, num_blocks: int) -> tuple[float, ...]:
+    """A fixed layer profile (``layer_profile`` of the linkage schedules) measured from a generation that ran the
+    logit lens: for every scale with lens records, per sample, the entropy entering block 0 is the previous
+    computed scale's mean predictive entropy (``first_block_reference='previous_scale'``) and the entropy entering
+    block ``b ≥ 1`` the mean lens entropy after block ``b − 1``; each block's value is the mean over those scales
+    and samples (NaN where never measured). Run a lens arm on calibration prompts, then pass the result on."""
+    per_block: list[list[torch.Tensor]] = [[] for _ in range(num_blocks)]
+    scales = sorted({si for si, _ in signals.lens_entropy})
+    for si in scales:
+        previous = [sj for sj in range(si - 1, -1, -1) if signals.token_entropy(sj) is not None]
+        if previous:
+            per_block[0].append(signals.token_entropy(previous[0]).double().mean(-1).cpu())
+        for block in range(1, num_blocks):
+            ent = signals.lens_entropy.get((si, block - 1))
+            if ent is not None:
+                per_block[block].append(ent[: signals.info.batch_size].double().nanmean(-1).cpu())
+    return tuple(float(torch.cat(values).nanmean()) if values else float("nan") for values in per_block)
+
+
 def lens_blocks_needed(num_blocks: int) -> frozenset[int]:
     """Blocks whose output the layer linkage reads (entering blocks 1..L−1); the last block's output is the head."""
     return frozenset(range(max(0, num_blocks - 1)))
@@ -176,13 +214,31 @@ def layer_linkage_observe(ctx, block: int, lens, signals: Signals) -> None:
 
 class LayerEntropyLinked:
     """Slots shared by the schedules that read NOVA's layer entropy (layer and dual linkage): ask for the logit
-    lens on scales that may be pruned, record its entropy, and prune a scale once any sample has started."""
+    lens on scales that may be pruned and record its entropy — unless the config gives a fixed ``layer_profile``
+    (then no lens at all) — and prune a scale once any sample has started."""
+
+    def _profile(self) -> tuple[float, ...]:
+        return tuple(getattr(self.config, "layer_profile", ()))
+
+    def check_model(self, info) -> None:
+        profile = self._profile()
+        if profile and len(profile) != info.num_blocks:
+            raise ValueError(
+                f"layer_profile has {len(profile)} values but the model has {info.num_blocks} blocks: give one "
+                f"entropy per block (the state entering each block; measure it with "
+                f"var_core.accel.schedules._linkage_math.measure_layer_profile on a lens run), or () for the lens")
+
+    def start(self, info, signals: Signals) -> None:
+        self.check_model(info)
 
     def needs(self, ctx, signals: Signals) -> Needs:
+        if self._profile():
+            return NO_NEEDS
         return layer_linkage_needs(ctx, signals)
 
     def observe_lens(self, ctx, block, lens, signals: Signals) -> None:
-        layer_linkage_observe(ctx, block, lens, signals)
+        if not self._profile():
+            layer_linkage_observe(ctx, block, lens, signals)
 
     def prunes_scale(self, ctx, signals) -> bool:
         return bool(started_B(ctx, signals).any())

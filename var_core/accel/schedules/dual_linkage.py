@@ -10,7 +10,7 @@ from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
 from ._linkage_math import (DIRECTIONS, FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
                             LayerEntropyLinked, layer_adjusted_ratio,
-                            layer_entropy_difference_B, started_B)
+                            layer_difference_B, started_B)
 from .scale_linkage import scale_ratio_B
 
 EXTRAS_KEY = "dual_linkage"
@@ -23,12 +23,14 @@ class DualLinkage(LayerEntropyLinked, Schedule):
     ``r_t = sigmoid(τ·(t*+1)/t − λ_s·tanh(g_{t−1}))`` exactly as in ``scale_linkage`` (t* from
     ``signals.activation_scale_B``, g recomputed from the scale entropies), then per block
     ``r_{t,l} = sigmoid(logit(r_t) − λ_l·tanh(H_{t,l} − mean_{j<l} H_{t,j}))`` exactly as in ``layer_linkage``
-    (logit-lens entropy of the state entering block l; declared on accelerated scales only); keeps
-    ``ceil((1 − r_{t,l})·N)`` tokens. Rows of samples that are not accelerated yet stay dense.
+    (logit-lens entropy of the state entering block l, declared on accelerated scales only, or a fixed profile
+    with ``layer_profile``); keeps ``ceil((1 − r_{t,l})·N)`` tokens. Rows of samples that are not accelerated yet
+    stay dense.
 
     RECONSTRUCTED parts (each an option; defaults first): ``direction`` (``printed`` / ``increasing``),
     ``definition`` (``mean`` / ``sum`` / ``normalized``) of ``scale_linkage``; ``first_block_reference``
-    (``previous_scale`` / ``none``) of ``layer_linkage``; ``ratio_is`` (``removed`` / ``kept``) of the final ratio.
+    (``previous_scale`` / ``none``) and ``layer_profile`` (``()`` = logit lens / a fixed per-block entropy profile,
+    no lens: see ``layer_linkage``) of ``layer_linkage``; ``ratio_is`` (``removed`` / ``kept``) of the final ratio.
     The two λ are separate knobs (the layer formula is a reconstruction "in the same style"; both default to 0.1).
     ``signals.extras["dual_linkage"][(si, block)]`` keeps the per-sample ratio.
     """
@@ -50,11 +52,14 @@ class DualLinkage(LayerEntropyLinked, Schedule):
                                           choices=FIRST_BLOCK_REFERENCES, reconstructed=True)
         ratio_is: str = knob("removed", "whether r is the removed or the kept fraction", choices=RATIO_MEANINGS,
                              reconstructed=True)
+        layer_profile: tuple[float, ...] = knob((), "fixed entropy of the state entering each block (one value per "
+                                                "block) used instead of the logit lens; () = measure it with the "
+                                                "lens at every pruned scale")
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
         r_t_B = scale_ratio_B(ctx, signals, cfg.tau, cfg.scale_lam, cfg.direction, cfg.definition)
-        diff_B = layer_entropy_difference_B(ctx, signals, block, cfg.first_block_reference)
+        diff_B = layer_difference_B(ctx, signals, block, cfg.first_block_reference, cfg.layer_profile)
         r_B = layer_adjusted_ratio(r_t_B, diff_B, 0.0, cfg.layer_lam)
         signals.extras.setdefault(EXTRAS_KEY, {})[(ctx.scale_index, block)] = r_B
         keep_B = keep_from_ratio(r_B, ctx.num_tokens, cfg.ratio_is)

@@ -9,7 +9,7 @@ from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
 from ._linkage_math import (FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
                             LayerEntropyLinked, layer_adjusted_ratio,
-                            layer_entropy_difference_B, started_B)
+                            layer_difference_B, started_B)
 
 EXTRAS_KEY = "layer_linkage"
 
@@ -32,6 +32,15 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
       the second block already compares with it; ``none`` leaves ``H_{t,1}`` out (the first two blocks keep
       ``r_base``).
     * ``ratio_is`` — ``removed`` / ``kept``.
+    * ``layer_profile`` — where ``H_{t,l}`` comes from. ``()`` (default): the logit lens at every pruned scale (our
+      reading; one head projection per block). A tuple of one value per block: a FIXED profile, the entropy of the
+      state entering each block measured once offline (``_linkage_math.measure_layer_profile`` on a lens run),
+      the same for every sample and scale; then no lens is run and the schedule costs nothing per block. This is
+      the variant consistent with NOVA's cost model (errata 5: entropy only from the distributions already
+      produced, 0.9 % of a scale — too little for a per-block lens): NOVA §3.2 motivates the layer linkage with an
+      offline analysis (Fig. 4(c): the average entropy differs from layer to layer, e.g. layer 19 is low), which
+      is a property of the layer rather than of the sample, and the final predictive distribution has no per-layer
+      information to derive it from. The paper's own formula is not in our copy of §3.3 (RECONSTRUCTED).
 
     Rows of samples that are not accelerated yet stay dense. ``signals.extras["layer_linkage"][(si, block)]`` keeps
     the per-sample ratio.
@@ -48,10 +57,13 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
                                           choices=FIRST_BLOCK_REFERENCES, reconstructed=True)
         ratio_is: str = knob("removed", "whether r is the removed or the kept fraction", choices=RATIO_MEANINGS,
                              reconstructed=True)
+        layer_profile: tuple[float, ...] = knob((), "fixed entropy of the state entering each block (one value per "
+                                                "block) used instead of the logit lens; () = measure it with the "
+                                                "lens at every pruned scale")
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
-        diff_B = layer_entropy_difference_B(ctx, signals, block, cfg.first_block_reference)
+        diff_B = layer_difference_B(ctx, signals, block, cfg.first_block_reference, cfg.layer_profile)
         r_B = layer_adjusted_ratio(cfg.r_base, diff_B, 0.0, cfg.lam)
         signals.extras.setdefault(EXTRAS_KEY, {})[(ctx.scale_index, block)] = r_B
         keep_B = keep_from_ratio(r_B, ctx.num_tokens, cfg.ratio_is)

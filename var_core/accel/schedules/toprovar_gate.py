@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..attention_stats import fill_missing, may_prune_at, may_prune_next, record_attention_entropy
+from ..attention_stats import fill_missing, may_prune_at, may_prune_next, record_attention_entropy, region_floor
 from ..base import NO_NEEDS, Needs, Schedule, Signals
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
@@ -17,6 +17,8 @@ EXTRAS_KEY = "toprovar_gate"
 NORMALIZATIONS = ("max", "rank", "literal")
 REALISATIONS = ("deterministic", "bernoulli")
 GATE_SOURCES = ("previous_scale", "previous_layer")
+LAYER_CLASSES = ("per_scale", "once")
+AMBIGUITY_SCOPES = ("layer", "sample")
 
 
 # ------------------------------------------------------------------------------------------------ pure formulas
@@ -32,6 +34,26 @@ def layer_score(entropy_map_Bhw: torch.Tensor, beta: float) -> tuple[torch.Tenso
         ratio = torch.where(s2 > 0, s1 / s2.clamp(min=torch.finfo(torch.float64).tiny),
                             torch.full_like(s1, float("inf")))
     return ratio, torch.exp(-beta * (ratio - 1.0))
+
+
+def detail_layers(R_BL: torch.Tensor, threshold: float, margin: float = 0.0, scope: str = "layer") -> torch.Tensor:
+    """bool ``[B, L]``: the layers pruned as Detail layers, with ToProVAR's appendix fallback "no layer pruning
+    when the split is ambiguous" (RECONSTRUCTED): a layer whose ``R`` lies within ``margin`` of ``threshold``
+    (``|R − threshold| ≤ margin``) is ambiguous; ``layer``: the ambiguous layers run dense (as Global), the others
+    keep their class; ``sample``: a sample with any ambiguous layer prunes no layer at all. ``margin = 0`` keeps
+    only exact ties dense."""
+    detail = R_BL > threshold
+    ambiguous = (R_BL - threshold).abs() <= margin
+    if scope == "layer":
+        return detail & ~ambiguous
+    if scope == "sample":
+        return detail & ~ambiguous.any(-1, keepdim=True)
+    raise ValueError(f"unknown ambiguity scope {scope!r}; choose one of {AMBIGUITY_SCOPES}")
+
+
+def phi(s: int, s_max: int) -> float:
+    """ToProVAR Eq. 5's scale factor ``φ(s) = s / S_max`` (1-indexed ``s``; not clipped: Eq. 6 clips the gate)."""
+    return s / s_max
 
 
 def normalized_entropy(entropy_BN: torch.Tensor, normalization: str) -> torch.Tensor:
@@ -73,18 +95,30 @@ def pruned_count(p_prune_BN: torch.Tensor, realisation: str, generator: torch.Ge
 class ToProVARGate(Schedule):
     """ToProVAR (arXiv 2602.22948) §4.3–4.4: prune Detail layers only, by an entropy gate. Knob: ``alpha_max``.
 
-    Layer level (once per image): at the representative scale ``s_rep`` (1-indexed; paper: 6) every block's
-    head-averaged attention-entropy map (h × w, the sample's conditional row) gives ``ϱ = σ1/σ2`` and
-    ``R = exp(−β(ϱ − 1))``; ``R > detail_threshold`` → Detail layer, else Global (dense: the schedule returns
-    dense counts). Before and at ``s_rep`` every layer is unknown → dense; before the activation scale D
-    (``signals.activation_scale_B``, e.g. ``low_entropy_ratio``) every row is dense.
+    Layer level: from the representative scale ``s_rep`` on (1-indexed; paper: 6) every block's head-averaged
+    attention-entropy map (h × w, the sample's conditional row; uncomputed queries filled with the row mean) gives
+    ``ϱ = σ1/σ2`` and ``R = exp(−β(ϱ − 1))``; ``R > detail_threshold`` → Detail layer, else Global (dense: the
+    schedule returns dense counts). Up to and including ``s_rep`` every layer is unknown → dense; before the
+    activation scale D (``signals.activation_scale_B``, e.g. ``low_entropy_ratio``) every row is dense.
     Token level (Detail layers, s ≥ D): ``1 − P_keep_i = clip(α_min + (α_max − α_min)·φ(s)·R·Ĥ_i, 0, 1)`` with
-    ``φ(s) = s/S_max`` (1-indexed s); the row keeps ``N − n`` tokens. WHICH tokens is the scorer's job: ToProVAR
-    prunes the highest-entropy tokens, i.e. pair this schedule with an attention-entropy scorer that keeps the
-    low-entropy ones.
+    ``φ(s) = s/S_max`` (1-indexed s; ``s_max``, default 0 = the model's number of scales: Infinity-2B's 11 in
+    ToProVAR Table 7 is the FastVAR code base that never generates 48/64); the row keeps ``N − n`` tokens. WHICH
+    tokens is the scorer's job: ToProVAR prunes the highest-entropy tokens, i.e. pair this schedule with an
+    attention-entropy scorer that keeps the low-entropy ones.
 
     RECONSTRUCTED parts (each an option; defaults first):
 
+    * ``layer_classes`` — ``per_scale``: the classes are recomputed at the end of every scale from s_rep on and used
+      at the next scale (errata 9: Fig. 4(b) "for each scale, perform SVD on the entropy map"; a Detail layer's map
+      at a pruned scale has values at its kept queries only, filled with the row mean) / ``once``: classified at
+      ``s_rep`` only and reused (methods.md §4.3, the paper's cost table computes them once at s = 6).
+    * appendix safety fallbacks: ``ambiguity_margin`` / ``ambiguity_scope`` ("no layer pruning when the split is
+      ambiguous": a layer with ``|R − detail_threshold| ≤ margin`` is ambiguous; ``layer``: it runs dense,
+      ``sample``: that sample prunes no layer while this classification holds; ``margin = 0`` disables it) and
+      ``min_region_keep`` / ``regions`` ("a minimum per-region keep ratio": every cell of a ``regions × regions``
+      grid keeps at least ``ceil(min_region_keep · n_cell)`` tokens; this schedule floors the COUNT at their sum,
+      the ``attention`` scorer's knobs of the same names choose the quota tokens first; 0 disables it). Values are
+      not in the paper: margin 0.05 and keep 0.1 per cell (ToProVAR: Detail layers tolerate up to 90 % pruning).
     * ``normalization`` of Ĥ — ``max`` ``H/max H`` / ``rank`` / ``literal`` ``H/ΣH`` (as printed: O(1/N), so the
       gate collapses to α_min for every token).
     * ``realisation`` — ``deterministic``: ``n = round(Σ_i (1 − P_keep_i))`` / ``bernoulli``: ``n = Σ_i [u_i < 1 −
@@ -103,13 +137,15 @@ class ToProVARGate(Schedule):
       ϱ ≈ 14.9 (Detail below); on the random official-tiny model every map is almost flat (ϱ ≈ 300–570: all
       Global unless β ≲ 2e-3). Calibrate β on the model at hand (``sigma_ratio_BL`` below).
 
-    Diagnostics in ``signals.extras["toprovar_gate"]``: ``sigma_ratio_BL``, ``R_BL`` (per sample and block) and
+    Diagnostics in ``signals.extras["toprovar_gate"]``: ``sigma_ratio_BL``, ``R_BL``, ``detail_BL`` (per sample and
+    block, of the latest classification), ``classified_at`` (its 0-indexed scale), ``R_by_scale[si]`` and
     ``prune_fraction[(si, block)]``.
     """
 
     @dataclass(frozen=True)
     class Config(ComponentConfig):
-        s_rep: int = knob(6, "representative scale (1-indexed NUMBER) whose attention-entropy maps classify layers",
+        s_rep: int = knob(6, "representative scale (1-indexed NUMBER) whose attention-entropy maps classify layers "
+                          "(the first classification with layer_classes='per_scale')",
                           low=1, search=SearchSpace("int", 4, 8))
         beta: float = knob(0.05, "R = exp(-beta (sigma1/sigma2 - 1)); Detail when R > detail_threshold", low=0.0,
                            low_open=True, search=SearchSpace("float", 0.01, 2.0, log=True))
@@ -120,6 +156,18 @@ class ToProVARGate(Schedule):
                                 search=SearchSpace("float", 0.0, 0.5))
         alpha_max: float = knob(0.9, "pruning probability at q = 1 (max entropy, last scale, R = 1)", low=0.0,
                                 high=1.0, search=SearchSpace("float", 0.5, 1.0))
+        s_max: int = knob(0, "S_max of phi(s) = s / S_max (1-indexed s); 0 = the model's number of scales", low=0)
+        layer_classes: str = knob("per_scale", "Global/Detail classes recomputed at every scale from s_rep on "
+                                  "('per_scale', Fig. 4(b)) or once at s_rep ('once')", choices=LAYER_CLASSES,
+                                  reconstructed=True)
+        ambiguity_margin: float = knob(0.05, "a layer with |R - detail_threshold| <= margin is ambiguous and not "
+                                       "pruned (appendix fallback; 0 = off)", low=0.0, high=1.0)
+        ambiguity_scope: str = knob("layer", "an ambiguous layer runs dense ('layer') or makes its sample prune no "
+                                    "layer ('sample')", choices=AMBIGUITY_SCOPES, reconstructed=True)
+        min_region_keep: float = knob(0.1, "every cell of the regions x regions grid keeps at least this share of "
+                                      "its tokens: floors the kept count (appendix fallback; 0 = off)", low=0.0,
+                                      high=1.0)
+        regions: int = knob(4, "cells per side of the region grid of min_region_keep", low=1)
         normalization: str = knob("max", "H-hat: H/max H, entropy rank in [0,1], or the literal H/sum H",
                                   choices=NORMALIZATIONS, reconstructed=True)
         realisation: str = knob("deterministic", "prune round(sum of probabilities) tokens, or a seeded Bernoulli "
@@ -139,18 +187,26 @@ class ToProVARGate(Schedule):
     def _state(signals: Signals) -> dict:
         return signals.extras[EXTRAS_KEY]
 
+    def _classifies_at(self, si: int, num_scales: int, signals: Signals) -> bool:
+        """Whether the end of scale ``si`` (re)classifies the layers (every block's map is observed there)."""
+        s_rep0 = self.config.s_rep - 1
+        if si == s_rep0:
+            return True
+        return (self.config.layer_classes == "per_scale" and si > s_rep0
+                and may_prune_next(si, num_scales, signals))
+
     def _detail_blocks(self, signals: Signals) -> set[int]:
-        R_BL = self._state(signals).get("R_BL")
-        if R_BL is None:
+        detail_BL = self._state(signals).get("detail_BL")
+        if detail_BL is None:
             return set()
-        return set((R_BL > self.config.detail_threshold).any(0).nonzero().flatten().tolist())
+        return set(detail_BL.any(0).nonzero().flatten().tolist())
 
     def _attention_blocks(self, ctx, signals: Signals) -> set[int]:
         si, s_rep0 = ctx.scale_index, self.config.s_rep - 1
-        if si == s_rep0:
-            return set(range(ctx.num_blocks))
         if si < s_rep0:
             return set()
+        if self._classifies_at(si, ctx.num_scales, signals):
+            return set(range(ctx.num_blocks))
         detail = self._detail_blocks(signals)
         if self.config.entropy_source == "previous_layer":
             # block l-1 of this scale (block 0 falls back to its latest earlier map: s_rep's at least)
@@ -174,6 +230,9 @@ class ToProVARGate(Schedule):
             return F.interpolate(filled, size=(h, w), mode="bilinear", align_corners=False).view(B, h * w)
         return None
 
+    def _s_max(self, num_scales: int) -> int:
+        return self.config.s_max or num_scales
+
     # ------------------------------------------------------------------------------------------------ slots
     def check_model(self, info) -> None:
         if self.config.s_rep >= info.num_scales:
@@ -184,7 +243,8 @@ class ToProVARGate(Schedule):
 
     def start(self, info, signals: Signals) -> None:
         self.check_model(info)
-        signals.extras[EXTRAS_KEY] = dict(R_BL=None, sigma_ratio_BL=None, prune_fraction={})
+        signals.extras[EXTRAS_KEY] = dict(R_BL=None, sigma_ratio_BL=None, detail_BL=None, classified_at=None,
+                                          R_by_scale={}, prune_fraction={})
 
     def needs(self, ctx, signals: Signals) -> Needs:
         blocks = self._attention_blocks(ctx, signals)
@@ -195,45 +255,50 @@ class ToProVARGate(Schedule):
             record_attention_entropy(signals, ctx, block, probs_RHnL, keep_Rn)
 
     def end_scale(self, ctx, record, signals: Signals) -> None:
-        if ctx.scale_index != self.config.s_rep - 1:
+        cfg = self.config
+        si = ctx.scale_index
+        if record.skipped or not self._classifies_at(si, ctx.num_scales, signals):
             return
         B, (h, w), L = ctx.batch_size, ctx.hw, ctx.num_blocks
         ratio = torch.full((B, L), float("inf"), dtype=torch.float64)
         for block in range(L):
-            entropy = signals.attention_entropy.get((ctx.scale_index, block))
-            if entropy is None or record.skipped:
-                continue  # never observed (skipped scale): R = 0, Global
-            ratio[:, block] = layer_score(fill_missing(entropy[:B], "row_mean").view(B, h, w),
-                                          self.config.beta)[0].cpu()
+            entropy = signals.attention_entropy.get((si, block))
+            if entropy is None:
+                continue  # never observed: R = 0, Global
+            ratio[:, block] = layer_score(fill_missing(entropy[:B], "row_mean").view(B, h, w), cfg.beta)[0].cpu()
         state = self._state(signals)
-        state["sigma_ratio_BL"] = ratio
-        state["R_BL"] = torch.exp(-self.config.beta * (ratio - 1.0))
+        R_BL = torch.exp(-cfg.beta * (ratio - 1.0))
+        state["sigma_ratio_BL"], state["R_BL"], state["classified_at"] = ratio, R_BL, si
+        state["detail_BL"] = detail_layers(R_BL, cfg.detail_threshold, cfg.ambiguity_margin, cfg.ambiguity_scope)
+        state["R_by_scale"][si] = R_BL
 
     def prunes_scale(self, ctx, signals) -> bool:
-        if ctx.scale_index < self.config.s_rep or self._state(signals)["R_BL"] is None:
+        detail_BL = self._state(signals)["detail_BL"]
+        if ctx.scale_index < self.config.s_rep or detail_BL is None:
             return False
-        detail_B = (self._state(signals)["R_BL"] > self.config.detail_threshold).any(1)
-        return bool((detail_B & started_B(ctx, signals)).any())
+        return bool((detail_BL.any(1) & started_B(ctx, signals)).any())
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
         si, N = ctx.scale_index, ctx.num_tokens
-        R_BL = self._state(signals)["R_BL"]
+        state = self._state(signals)
+        R_BL, detail_BL = state["R_BL"], state["detail_BL"]
         if si < cfg.s_rep or R_BL is None:
             return None  # layer classes unknown until the end of s_rep: every layer counts as Global
         R_B = R_BL[:, block]
-        active_B = (R_B > cfg.detail_threshold) & started_B(ctx, signals)
+        active_B = detail_BL[:, block] & started_B(ctx, signals)
         if not bool(active_B.any()):
-            return None  # a Global layer (for every accelerated sample): dense
+            return None  # a Global (or ambiguous) layer for every accelerated sample: dense
         entropy_BN = self._gate_entropy(ctx, block, signals)
         if entropy_BN is None:
             return None
-        phi = (si + 1) / ctx.num_scales
-        p_prune = prune_probability(entropy_BN, phi, R_B, cfg.alpha_min, cfg.alpha_max, cfg.normalization)
+        p_prune = prune_probability(entropy_BN, phi(si + 1, self._s_max(ctx.num_scales)), R_B, cfg.alpha_min,
+                                    cfg.alpha_max, cfg.normalization)
         generator = None
         if cfg.realisation == "bernoulli":
             generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + si * 1009 + block)
         pruned_B = pruned_count(p_prune, cfg.realisation, generator).cpu()
-        keep_B = (N - pruned_B).clamp(0, N)
-        self._state(signals)["prune_fraction"][(si, block)] = torch.where(active_B, pruned_B / N, 0.0)
+        floor = min(N, region_floor(ctx.hw, cfg.regions, cfg.min_region_keep))
+        keep_B = (N - pruned_B).clamp(floor, N)
+        state["prune_fraction"][(si, block)] = torch.where(active_B, (N - keep_B) / N, 0.0)
         return counts_for_rows(ctx, keep_B, active_B, scores_RN.shape[0], scores_RN.device)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention_stats import (MISSING_FILLS, RECEIVED_MASS_KEY, align_rows, fill_missing, may_prune_at,
-                               may_prune_next, record_attention_entropy, record_received_mass)
+                               may_prune_next, record_attention_entropy, record_received_mass, region_priority)
 from ..base import Needs, NO_NEEDS, Scorer, Signals
 from ..frequency import RESIZE_MODES, resize_map
 from ..knobs import ComponentConfig, SearchSpace, knob
@@ -34,6 +34,13 @@ class AttentionScorer(Scorer):
     Maps of a pruned scale have no value at pruned queries: ``missing`` fills them (``lowest``: rank last — a token
     pruned before stays a candidate for pruning — or ``row_mean``) before resizing. Returns ``[R, N]``; 0 when no
     map exists yet.
+
+    ``min_region_keep`` (default 0 = off) is the token side of ToProVAR's appendix safety fallback "a minimum
+    per-region keep ratio" (RECONSTRUCTED: regions = the cells of a ``regions × regions`` grid on the scale's token
+    map): the scores are re-ranked so that the best ``ceil(min_region_keep · n)`` tokens of every cell are kept
+    before any other token (``attention_stats.region_priority``). It guarantees the quota whenever the schedule
+    keeps at least ``Σ_cells ceil(min_region_keep · n_cell)`` tokens: set the same two values on
+    ``toprovar_gate``, whose count floor is exactly that (the ``toprovar`` preset does).
     """
 
     @dataclass(frozen=True)
@@ -52,6 +59,9 @@ class AttentionScorer(Scorer):
                                        low=0)
         missing: str = knob("lowest", "value given to tokens without a map value (not computed in that block)",
                             choices=MISSING_FILLS, reconstructed=True)
+        min_region_keep: float = knob(0.0, "share of every grid cell's tokens ranked before all others (ToProVAR's "
+                                      "per-region keep floor; 0 = plain ranking)", low=0.0, high=1.0)
+        regions: int = knob(4, "cells per side of the region grid of min_region_keep", low=1)
 
     def start(self, info, signals) -> None:
         self._resized: dict[tuple[int, int], torch.Tensor] = {}
@@ -117,8 +127,12 @@ class AttentionScorer(Scorer):
             order = (self._from_previous_scale, self._from_previous_block)
         else:
             order = (self._from_previous_block, self._from_previous_scale)
+        scores = None
         for get in order:
             scores = get(ctx, signals, block)
             if scores is not None:
-                return scores
-        return torch.zeros(ctx.batch_size, ctx.num_tokens, device=x_RNC.device)
+                break
+        if scores is None:
+            scores = torch.zeros(ctx.batch_size, ctx.num_tokens, device=x_RNC.device)
+        cfg = self.config
+        return region_priority(scores, ctx.hw, cfg.regions, cfg.min_region_keep)

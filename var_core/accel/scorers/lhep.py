@@ -16,20 +16,23 @@ from ..registry import SCORERS
 class LHEPScorer(Scorer):
     """LD-Pruning (arXiv 2606.00310) Latent High-frequency Energy: high energy = keep. Knob: ``extractor``.
 
-    specs/methods.md §3.1 (all RECONSTRUCTED but the Haar transform on the quantised residual map): read the last
-    computed scale's residual map ``R_{k−1}`` (``ScaleRecord.residual_BChw``: VAR's embedded codes, Infinity's
-    ±1/√d codes, ``[B, C, h', w']``) — decoding-free — and
+    Reads the last computed scale's quantised residual map ``R_{k−1}`` (``ScaleRecord.residual_BChw``: VAR's
+    embedded codes, Infinity's ±1/√d codes, ``[B, C, h', w']``) — decoding-free — and measures its local
+    high-frequency energy. Where it is measured (``grid``):
 
-    * ``grid='current'`` (default): resize it to the current grid with ``interpolation`` (default ``trilinear``, as
-      Infinity resizes latents), then take the per-token high-frequency energy there;
-    * ``grid='native'``: take the energy on the residual's own grid, then resize the energy map with
-      ``interpolation``.
+    * ``grid='native'`` (default; FOUND(paper §5.1): ``R_{k−1} ∈ R^{C×h_{k−1}×w_{k−1}}``, errata 2): the energy is
+      taken on the residual's own grid, then the energy map is brought to the current grid with ``interpolation``
+      (RECONSTRUCTED: default ``trilinear``, Infinity's latent resize; the paper does not say how);
+    * ``grid='current'`` (the alternative, specs §3.1's first reading): the residual is resized to the current grid
+      with ``interpolation`` first, then the energy is taken there.
 
-    ``extractor`` (see :mod:`var_core.accel.frequency`): ``haar`` (default: one-level Haar DWT, ``LH²+HL²+HH²``
-    summed over channels, local ``window × window`` average, nearest upsampling), ``fft`` (energy beyond
-    ``fft_radius · min(h, w)/2``), ``laplacian``, ``sobel``; every extractor averages over ``window``.
-    The score is computed once per scale (same for all blocks and both CFG rows): ``[B, N]``; 0 at the first scale.
-    The selection rule (energy-preservation ratio ρ) is the schedule's job.
+    ``extractor`` (see :mod:`var_core.accel.frequency`): ``haar`` (default, FOUND(paper §5.1, §6.3): one-level Haar
+    DWT, ``LH²+HL²+HH²`` summed over channels; RECONSTRUCTED: the local ``window × window`` average and the
+    nearest upsampling of the cells), ``fft`` (energy beyond ``fft_radius · min(h, w)/2``), ``laplacian``,
+    ``sobel`` (the paper's §6.3 comparison); every extractor averages over ``window``. The score is computed once
+    per scale (same for all blocks and both CFG rows): ``[B, N]``; 0 at the first scale. With the
+    ``sparse_residual`` restorer, ``R_{k−1}`` is the sparse residual (zero where scale k−1 was pruned). The
+    selection rule (energy-preservation ratio ρ) is the schedule's job.
     """
 
     @dataclass(frozen=True)
@@ -42,8 +45,9 @@ class LHEPScorer(Scorer):
                                   "(grid='native') to the current grid", choices=RESIZE_MODES, reconstructed=True,
                                   search=SearchSpace("categorical", choices=("trilinear", "bicubic", "area",
                                                                              "nearest")))
-        grid: str = knob("current", "where the energy is measured: on the residual resized to the current grid, or on "
-                         "its native grid then resized", choices=("current", "native"), reconstructed=True)
+        grid: str = knob("native", "where the energy is measured: on the residual's own grid, the energy map then "
+                         "resized ('native', the paper's R_{k-1}), or on the residual resized to the current grid "
+                         "('current')", choices=("native", "current"), reconstructed=True)
         fft_radius: float = knob(0.4, "extractor='fft': high-pass cut-off as a fraction of min(h, w)/2", low=0.0,
                                  high=1.0, low_open=True)
 

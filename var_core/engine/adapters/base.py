@@ -68,6 +68,18 @@ class ModelAdapter(ABC):
             start += h * w
         return offsets
 
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """Every module whose parameters or buffers generation reads, by attribute name: what Lightning (through
+        ``GenerationModule``) and :meth:`to` move. An adapter keeps every tensor it reads in one of these (as a
+        parameter or a buffer), never as a plain tensor attribute, so that moving the model moves all of it."""
+        return adapter_modules(self)
+
+    def to(self, device: torch.device | str) -> "ModelAdapter":
+        """Move every module of :meth:`modules` to ``device`` (dtypes unchanged); returns ``self``."""
+        for module in self.modules().values():
+            module.to(device)
+        return self
+
     @abstractmethod
     def initial_guidance(self, sampling: SamplingConfig) -> GuidanceMode:
         """Whether the unconditional rows are needed at all under these sampling settings."""
@@ -127,8 +139,20 @@ class ModelAdapter(ABC):
         """Draw this scale's tokens from the guided logits."""
 
     @abstractmethod
-    def update_latent(self, state: Any, si: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Accumulate the sampled scale into the latent; returns the residual map at scale resolution."""
+    def update_latent(self, state: Any, si: int, tokens: torch.Tensor, keep_BN: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        """Accumulate the sampled scale into the latent; returns the residual map at scale resolution.
+
+        ``keep_BN`` (bool ``[B, N]``, token grid of the scale): only these tokens' residual codes enter the latent;
+        the others' are zero on the scale's grid before the family's usual upsampling (and VAR's Phi), and the
+        returned residual map is zero there too. None: every token (the plain algorithm)."""
+
+    def finish(self, state: Any, x_RNC: torch.Tensor, tokens: torch.Tensor, sampling: SamplingConfig,
+               generators: Sequence[torch.Generator] | None = None,
+               shared_generator: torch.Generator | None = None) -> None:
+        """After the LAST scale's latent update (only when that scale ran): family-specific work on its final hidden
+        state ``x_RNC`` and sampled ``tokens`` that changes the latent (HART: the residual diffusion head). Default:
+        nothing. Randomness: ``generators`` (one per sample) or ``shared_generator``, as for :meth:`sample`."""
 
     @abstractmethod
     def decode(self, state: Any) -> torch.Tensor:
@@ -141,3 +165,14 @@ class ModelAdapter(ABC):
     @abstractmethod
     def select_rows(self, state: Any, rows: slice, guidance: GuidanceMode) -> None:
         """Drop CFG rows from the state (the loop slices the KV cache itself)."""
+
+
+def adapter_modules(adapter: Any) -> dict[str, torch.nn.Module]:
+    """The ``nn.Module`` attributes of an adapter (of any adapter-like object), by attribute name, each once."""
+    out: dict[str, torch.nn.Module] = {}
+    seen: set[int] = set()
+    for name, value in vars(adapter).items():
+        if isinstance(value, torch.nn.Module) and id(value) not in seen:
+            seen.add(id(value))
+            out[name] = value
+    return out

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ...models.bsq_vae import BSQVAE, patchify_latent, unpatchify_bits
-from ...models.infinity import Infinity, TextContext, rope_reference_hw, rope_tables, scale_schedule
+from ...models.infinity import Infinity, RopeTables, TextContext, rope_reference_hw, scale_schedule
 from ...models.text_encoder import TextTokens
 from ..context import GuidanceMode
 from ..kvcache import KVCache
@@ -115,8 +115,9 @@ class InfinityAdapter(ModelAdapter):
         f = 2 if self.patchify else 1
         self.vae_schedule = tuple((1, f * h, f * w) for h, w in self._scale_hw)
         self.rope_ref_hw = rope_reference_hw(self._scale_hw)
-        cos, sin = rope_tables(self._scale_hw, self.rope_ref_hw, model.cfg.head_dim, model.cfg.rope_base)
-        self._rope_cos, self._rope_sin = cos.to(self.device), sin.to(self.device)
+        # a module (buffers), not plain tensors: the tables move with the model (adapter.to, Lightning)
+        self.rope = RopeTables(self._scale_hw, self.rope_ref_hw, model.cfg.head_dim, model.cfg.rope_base,
+                               device=self.device)
         self.cfg_insertion_layer = int(cfg_insertion_layer)
         self.negative_prompt = negative_prompt
         self.tracer = tracer
@@ -248,9 +249,9 @@ class InfinityAdapter(ModelAdapter):
     def _rope(self, si: int, n: int, keep_Rn: torch.Tensor | None):
         start = self.token_offsets()[si]
         if keep_Rn is None:
-            return self._rope_cos[start:start + n], self._rope_sin[start:start + n]
+            return self.rope.cos[start:start + n], self.rope.sin[start:start + n]
         pos = keep_Rn + start
-        return self._rope_cos[pos].unsqueeze(1), self._rope_sin[pos].unsqueeze(1)  # [R, 1, n, hd/2]
+        return self.rope.cos[pos].unsqueeze(1), self.rope.sin[pos].unsqueeze(1)  # [R, 1, n, hd/2]
 
     def _insertion_block(self) -> int | None:
         k = self.cfg_insertion_layer
@@ -333,8 +334,15 @@ class InfinityAdapter(ModelAdapter):
             bits = unpatchify_bits(bits)
         return bits.unsqueeze(1)
 
-    def update_latent(self, state: InfinityState, si: int, bits_BNd: torch.Tensor) -> torch.Tensor:
+    def update_latent(self, state: InfinityState, si: int, bits_BNd: torch.Tensor,
+                      keep_BN: torch.Tensor | None = None) -> torch.Tensor:
         codes = self.vae.bits_to_codes(self.bits_to_vae_grid(bits_BNd, si)).to(state.summed_codes.dtype)
+        if keep_BN is not None:  # sparse residual: masked tokens add zero codes (a token covers 2x2 cells if patchify)
+            h, w = self._scale_hw[si]
+            mask = keep_BN.view(-1, 1, 1, h, w).to(codes.dtype)
+            if self.patchify:
+                mask = mask.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
+            codes = codes * mask
         full = tuple(state.summed_codes.shape[2:])
         if tuple(codes.shape[2:]) == full:
             state.summed_codes = state.summed_codes + codes

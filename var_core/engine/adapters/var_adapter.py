@@ -140,9 +140,12 @@ class VARAdapter(ModelAdapter):
     def sample(self, guided_BNV, sampling, generators, shared_generator):
         return draw_categorical(guided_BNV, sampling, generators, shared_generator)
 
-    def update_latent(self, state: VARState, si: int, tokens_BN: torch.Tensor) -> torch.Tensor:
+    def update_latent(self, state: VARState, si: int, tokens_BN: torch.Tensor, keep_BN: torch.Tensor | None = None
+                      ) -> torch.Tensor:
         p = self.cfg.patch_nums[si]
         h_BChw = self.vae.quantize.embed_idx(tokens_BN, p)
+        if keep_BN is not None:  # sparse residual: masked tokens add a zero code map (then bicubic + Phi as usual)
+            h_BChw = h_BChw * keep_BN.view(-1, 1, p, p).to(h_BChw.dtype)
         state.f_hat_BChw = self.vae.quantize.next_autoregressive_input(si, state.f_hat_BChw, h_BChw)[0]
         return h_BChw
 
