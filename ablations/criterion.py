@@ -109,6 +109,8 @@ def criterion_iou(adapter, conditions, sampling, *, samples: int = 16, criteria=
     at block ``score_block`` (default: the middle block ``L // 2``; LHEP, the pixel change and the predictive
     entropy score once per scale, the attention mass is the block's own). Returns the per-sample IoU
     (``iou[criterion]``: samples × rates, averaged over the scales) and the reference definition."""
+    from var_core.accel.scorers.pixel_change import pixel_change_map
+
     from .calibrate import TracePolicy, trace_batches
 
     K, L = adapter.num_scales, adapter.num_blocks
@@ -125,8 +127,6 @@ def criterion_iou(adapter, conditions, sampling, *, samples: int = 16, criteria=
     for idx, policy, result in trace_batches(adapter, conditions, sampling, make, samples=samples,
                                              batch_size=batch_size, decode=False):
         images = {r.scale_index: r.image_B3HW for r in policy.records if r.image_B3HW is not None}
-        from var_core.accel.scorers.pixel_change import pixel_change_map
-
         rows = {label: [] for label in criteria}
         for si in analysed:
             if si not in images or si - 1 not in images:
@@ -162,7 +162,7 @@ def summarize_iou(data: dict, seed: int = 0) -> list[dict]:
 
 def iou_markdown(data: dict, rows: list[dict]) -> str:
     rates = data["rates"]
-    lines = [f"## Criterion IoU with the tokens that change (LD-Pruning Fig. 4)\n",
+    lines = ["## Criterion IoU with the tokens that change (LD-Pruning Fig. 4)\n",
              f"Dense generations of {len(data['indices'])} samples; scales {data['scales']} (0-indexed), scores at "
              f"block {data['score_block']}; reference: {data['reference']}. Cell: mean IoU [95 % bootstrap CI] "
              f"over samples at pruning rate p (both sets keep N - floor(pN) tokens).\n",

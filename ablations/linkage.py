@@ -18,6 +18,8 @@ The layer-only arms need a layer linkage whose base ratio follows a per-scale ta
 ``layer_linkage`` has no such option (a field named in ``TABLE_OPTIONS``), the arm falls back, and its
 description says so, to a constant base ratio — the mean of the table's pruned (< 1) ratios — on every
 accelerated scale, with the table's 1.0 scales left out by ``skip_last``.
+
+Analysis: the per-layer logit-lens entropy maps of NOVA Fig. 4(c) (as in the ``scorer`` family).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from var_core.accel.presets import get_preset
 from var_core.accel.registry import REGISTRIES
 
 from .base import Arm, FamilyContext, baseline_arm, compose, family
+from .scorer import layer_entropy_analysis  # NOVA Fig. 4(c), the layer-level analysis behind the layer linkage
 
 # FastVAR's released Infinity-1024 table {32: 0.4, 40: 0.5, 48: 1.0, 64: 1.0}, aligned to the last four scales
 FASTVAR_TABLE = (0.4, 0.5, 1.0, 1.0)
@@ -131,7 +134,7 @@ def _variant(which: str) -> Arm:
 
 
 @family("linkage", "no linkage (FastVAR† / SparseVAR‡ tables) vs layer-only†/‡ vs scale-only vs dual",
-        table="NOVA Table 6")
+        table="NOVA Table 6", analysis=layer_entropy_analysis)
 def linkage_family(ctx: FamilyContext) -> list[Arm]:
     return [baseline_arm(), no_linkage_arm("fastvar"), no_linkage_arm("sparsevar"), _variant("scale"),
             layer_only_arm("fastvar"), layer_only_arm("sparsevar"),

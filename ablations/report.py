@@ -411,7 +411,7 @@ def _per_scale_lineplot(records: list[dict], key: str, path: Path, palette, ylab
 
 def write_plots(out_dir: Path, records: list[dict]) -> dict[str, Path]:
     """speed-quality scatter, entropy per scale, activation-scale histogram per class, token agreement,
-    latency breakdown."""
+    latency breakdown, quality vs FLOPs per series of arms, and the plots of the family's analysis (if any)."""
     import pandas as pd
 
     plt, sns = _plt()

@@ -25,6 +25,12 @@ Two sources, never mixed in one column:
     the largest transient). It ignores allocator fragmentation, the sampler's temporaries (a few ``[B, N, V]``
     fp32 tensors while filtering), and the kept-token gather copies.
 
+HART (family ``"hart"``): the cache also holds the ``context_token − 1`` context keys besides the loop's tokens
+(``ArchSpec.prefix_len``; the first scale's activations are those of every context token), and
+``MemoryReport.components`` reports the parts separately: ``transformer_weight_bytes`` (without the diffusion
+head), ``diffusion_weight_bytes``, ``tokenizer_weight_bytes`` and ``diffusion_activation_bytes`` (the diffusion
+head's live set during a step after the last scale, :func:`hart_diffusion_activation_bytes`).
+
 Use the analytic numbers to compare scales and policies (they follow the kept-token counts exactly); use the
 CUDA numbers for absolute peaks.
 """
@@ -41,7 +47,8 @@ from var_core.engine.tracing import Tracer
 
 from .flops import ArchSpec, arch_from_adapter
 
-__all__ = ["MemoryReport", "PeakMemoryTracer", "ScaleMemory", "analytic_memory", "weight_bytes"]
+__all__ = ["MemoryReport", "PeakMemoryTracer", "ScaleMemory", "analytic_memory", "hart_diffusion_activation_bytes",
+           "hart_weight_bytes", "weight_bytes"]
 
 
 @dataclass(frozen=True)
@@ -173,7 +180,7 @@ def analytic_memory(
     except ValueError:
         attn_index = None
     eager_attention = eager_attention or {}
-    kv_len = [arch.prefix_len] * arch.depth  # HART: the context tokens (the first scale's loop token excluded)
+    kv_len = [0] * arch.depth
     reserved_rows = [0] * arch.depth  # rows of each block's buffers at its first append (kept after a row drop:
     # KVCache.select_rows slices views, so the storage is not released)
     L_max = arch.total_tokens + arch.prefix_len

@@ -230,6 +230,10 @@ def cmd_family(args) -> int:
     note_results_folder(plan.out_dir)  # Ctrl-C from here on names it: finished arms are kept there
     with lightning_interrupts():
         result = run_study(options, plan=plan)
+    from var_core.eval.distributed import is_secondary_rank
+
+    if is_secondary_rank():  # rank 0 wrote the records and prints the summary
+        return 0
     print()
     table = result.out_dir / "table.md"
     if table.is_file():

@@ -1,8 +1,9 @@
 """``python -m var_core.verify FIXTURE_DIR``: check our models against golden outputs of the official code.
 
 Accepts any folder in the format of ``shared/fixtures/official_var_tiny`` (config.json + weights + golden
-files), whatever its scales, vocabulary, depth and batch, and Infinity folders in the format of
-``shared/fixtures/official_infinity_tiny`` (see ``verify_infinity``). Prints one line per check with the maximum
+files), whatever its scales, vocabulary, depth and batch, Infinity folders in the format of
+``shared/fixtures/official_infinity_tiny`` (see ``verify_infinity``) and HART folders in the format of
+``shared/fixtures/official_hart_tiny`` (see ``verify_hart``). Prints one line per check with the maximum
 deviation and the tolerance, ends with ``verify: N passed, M failed`` (``, K skipped`` when some checks were
 skipped) and exits 0 only when nothing failed.
 
@@ -232,8 +233,8 @@ def detect_family(folder: Path) -> str:
 
 def _run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m var_core.verify", description=__doc__.split("\n\n")[0])
-    parser.add_argument("fixture_dir", type=Path, help="folder in the format of shared/fixtures/official_var_tiny "
-                                                       "or official_infinity_tiny")
+    parser.add_argument("fixture_dir", type=Path, help="folder in the format of shared/fixtures/official_var_tiny, "
+                                                       "official_infinity_tiny or official_hart_tiny")
     parser.add_argument("--partial", action="store_true",
                         help="accept a folder without SHA256SUMS: check only the files present (marked PARTIAL)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")

@@ -501,7 +501,8 @@ def _ar_checks(fx: Fixture, name: str, variant: str, model, tok, inputs, checks:
         if any(k in g for k in ("raw_logits", "block0_input", "block_outputs")):
             ctx_in, ctx_outs, ctx_logits = _context_pass(model, adapter, ctx, sampling)
             wanted.update({
-                "raw_logits": lambda: _close(f"{tag}/raw_logits", [ctx_logits] + [r.raw_logits_RNV for r in records[1:]],
+                "raw_logits": lambda: _close(f"{tag}/raw_logits",
+                                             [ctx_logits] + [r.raw_logits_RNV for r in records[1:]],
                                              g["raw_logits"], TOL_HIDDEN),
                 "block0_input": lambda: _close(f"{tag}/block0_input", [ctx_in] + recorder.inputs[1:], g["block0_input"],
                                                TOL_HIDDEN),

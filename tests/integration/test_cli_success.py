@@ -80,7 +80,7 @@ def test_sensitivity_grid_values(tmp_path, fixture_dir, capsys):
 
 def test_report_rebuilds_the_table(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    rc = run_cli(ablate.main, ["cache", "--arms", "restorer=identity", "--model", "official-tiny", "--samples", "2",
+    rc = run_cli(ablate.main, ["cache", "--arms", "identity@t_est=5", "--model", "official-tiny", "--samples", "2",
                                "--batch-size", "2", "--warmup", "0", "--timing-rounds", "0", "--threads", "1",
                                "--out", str(run_dir), "--wandb", "disabled", "--no-progress", "--no-plots"])
     assert rc == 0, capsys.readouterr().err
@@ -97,7 +97,7 @@ def test_report_rebuilds_the_table(tmp_path, capsys):
     rebuilt = table.read_text()
     rows = [line for line in rebuilt.splitlines() if line.startswith("| ")]
     assert any(line.startswith("| **baseline** | 2 |") for line in rows)
-    assert any(line.startswith("| restorer=identity | 2 |") for line in rows)
+    assert any(line.startswith("| identity@t_est=5 | 2 |") for line in rows)
     csv = pd.read_csv(run_dir / "table.csv")
     assert len(csv) == 2
     assert rebuilt.splitlines()[0] == original.splitlines()[0]

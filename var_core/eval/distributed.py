@@ -157,6 +157,13 @@ def launched_env() -> LaunchedEnv | None:
     return None
 
 
+def is_secondary_rank() -> bool:
+    """True in every process of a multi-process launch except global rank 0 (torchrun, SLURM or Lightning's
+    re-executing ``ddp`` launcher): such a process computes its share but reports nothing of its own."""
+    env = os.environ
+    return any(int(env.get(key, "0") or 0) > 0 for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
+
+
 def is_script_strategy(strategy: str) -> bool:
     """Strategies whose processes each run the whole command (``ddp``, ``ddp_find_unused_parameters_*``), as
     opposed to those that start workers from the calling process (``ddp_spawn``, ``ddp_fork``, ``ddp_notebook``)."""

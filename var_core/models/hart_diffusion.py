@@ -35,7 +35,6 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 __all__ = ["DiffusionHead", "RespacedDiffusion", "SimpleMLPAdaLN", "respaced_timesteps", "torch_noise"]
 

@@ -832,18 +832,31 @@ def _check_hart_assumptions(entry: str, spec: HARTSpec, cfg, tok_cfg, llm_dir: P
             f"check_assumptions=False) and report the value")
 
 
-def load_hart_files(llm_dir: Path, tok_dir: Path, *, use_ema: bool = True, log=None):
-    """``(transformer, tokenizer, info)`` from an official ``llm/`` and ``tokenizer/`` folder (configs from their
-    config.json files, strict loads; ``lvl_1L`` checked against the schedule, ``disc.*`` ignored)."""
-    from .hart import HARTConfig, HARTTransformer, prepare_hart_state_dict
-    from .hart_tokenizer import load_hart_tokenizer, read_hf_config
+def read_hart_configs(llm_dir: Path, tok_dir: Path):
+    """``(HARTConfig, HARTTokenizerConfig)`` from the two config.json files (nothing else is read)."""
+    from .hart import HARTConfig
+    from .hart_tokenizer import HARTTokenizerConfig, read_hf_config
 
-    tok, info = load_hart_tokenizer(tok_dir, log=log)
+    tok_data = read_hf_config(tok_dir, "HART tokenizer")
+    tok_cfg = HARTTokenizerConfig.from_json(tok_data, tok_dir / "config.json")
     data = read_hf_config(llm_dir, "HART transformer")
     if data.get("model_type") not in (None, "hart_transformer_t2i"):
         raise CheckpointError(f"{llm_dir / 'config.json'} has model_type {data.get('model_type')!r}: not a HART "
                               f"transformer (hart_transformer_t2i)")
-    cfg = HARTConfig.from_json(data, tok.cfg, source=str(llm_dir / "config.json"))
+    return HARTConfig.from_json(data, tok_cfg, source=str(llm_dir / "config.json")), tok_cfg
+
+
+def load_hart_files(llm_dir: Path, tok_dir: Path, *, use_ema: bool = True, log=None, check=None):
+    """``(transformer, tokenizer, info)`` from an official ``llm/`` and ``tokenizer/`` folder (configs from their
+    config.json files, strict loads; ``lvl_1L`` checked against the schedule, ``disc.*`` ignored). ``check``:
+    called with ``(config, tokenizer config)`` before any weights are read."""
+    from .hart import HARTTransformer, prepare_hart_state_dict
+    from .hart_tokenizer import load_hart_tokenizer
+
+    cfg, tok_cfg = read_hart_configs(llm_dir, tok_dir)
+    if check is not None:
+        check(cfg, tok_cfg)
+    tok, info = load_hart_tokenizer(tok_dir, log=log)
     path = _hart_llm_weights(llm_dir, use_ema)
     sd = read_sharded_state_dict(path)
     gate = sd.get("blocks.0.ffn.gate_proj.weight")
@@ -944,9 +957,11 @@ def load_hart_model(name: str, weights=None, vae_weights=None, device="cpu", see
         llm_dir, tok_dir = hart_folders(weights, vae_weights, variant)
         if spec.needs_text_encoder and text_encoder is None:
             text_encoder = find_qwen2_directory(base, None, weights)  # before the large files are read
-        model, tok, info = load_hart_files(llm_dir, tok_dir, use_ema=use_ema)
+        check = None
         if check_assumptions and spec.assumptions:
-            _check_hart_assumptions(base, spec, model.cfg, tok.cfg, llm_dir, tok_dir)
+            def check(cfg, tok_cfg):
+                _check_hart_assumptions(base, spec, cfg, tok_cfg, llm_dir, tok_dir)
+        model, tok, info = load_hart_files(llm_dir, tok_dir, use_ema=use_ema, check=check)
     cfg = model.cfg
     if text_encoder is False:
         encoder = None
@@ -969,3 +984,25 @@ def load_hart_model(name: str, weights=None, vae_weights=None, device="cpu", see
     adapter.model_name = name
     adapter.load_info = info
     return adapter
+
+
+def hart_proxy_adapter(config=None, width: int = 64, seed: int = 0):
+    """A random, narrow proxy of a HART architecture (default HART-0.7B): its depth, schedule, context length,
+    vocabulary and branches at ``width`` (2 heads), a ``ch=32`` tokenizer, a random text encoder. For estimating
+    what adaptive presets keep on that schedule (their decisions need a generation; random weights decide on noise,
+    so the figures show mechanics, not trained behaviour)."""
+    import dataclasses as _dc
+
+    from ..engine.adapters.hart_adapter import HARTAdapter
+    from .hart import HART_0P7B
+    from .hart_text import RandomHARTTextEncoder
+    from .hart_tokenizer import HARTTokenizerConfig
+
+    config = config or HART_0P7B
+    cfg = _dc.replace(config, embed_dim=width, num_heads=2, context_dim=width, diff_width=width, diff_depth=2,
+                      mlp_hidden_override=None)
+    tok_cfg = HARTTokenizerConfig(vocab_size=config.vocab_size, z_channels=config.z_channels, ch=32,
+                                  v_patch_nums=config.patch_nums)
+    model, tok = build_hart_pair(cfg, tok_cfg, seed)
+    encoder = RandomHARTTextEncoder(out_dim=cfg.context_dim, max_length=cfg.context_token, seed=seed)
+    return HARTAdapter(model.eval().requires_grad_(False), tok.eval().requires_grad_(False), encoder)

@@ -1,0 +1,297 @@
+"""The wall-clock benchmarks of ``python -m studies.bench``: ratios measured in one run.
+
+* :func:`bench_engine` — our hookable loop vs a straightforward implementation of the official algorithm
+  (``var_core.engine.reference_loop``), the cost of a composed no-op policy, and the effect of pruning half of the
+  last scale (FLOPs ratio and measured time ratio of that scale).
+* :func:`bench_presets` — every method preset against the baseline.
+
+Timing discipline: warm-up runs discarded; variants interleaved run by run (so machine noise hits all of them
+alike); medians over repeats; the VQ decoder is outside the timed region unless ``--with-decode``. These are
+benchmarks, not tests: the machines are shared and noisy, so read ratios, not absolute seconds. Both take the
+parsed command line of ``studies.bench`` (an object with its options as attributes) and print their tables.
+
+Presets benchmark. Per preset: analytic FLOPs ratio (transformer + head, from the kept-token counts the run actually used),
+wall-clock ratio (median of interleaved repeats, warm-up discarded, VQ decode outside the timed region),
+measured speedup / FLOPs-ideal speedup, and two time shares measured with ``profilers.timers.ComponentTimer``:
+``scoring`` — the components' own work (scorer spans and predictive-entropy computations: softmax/entropy,
+top-k, maps) — and ``lens`` — the head projections of NOVA's logit lens, which are model FLOPs (counted in the
+FLOPs ratio, so in the ideal) rather than overhead outside it.
+The last line is ``speedup_vs_ideal_min=… entropy_overhead=… scoring_overhead_max=… lens_share=…``: the worst
+token-pruning preset's measured/ideal ratio, NOVA's scoring share (entropy included), the largest scoring share
+of any preset, and NOVA's lens-projection share.
+
+The first generation of every preset is both the warm-up and the run whose kept-token counts give the FLOPs;
+the timed repeats follow, interleaved across presets so that machine drift hits every preset alike. Progress
+goes to stderr, the table to stdout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from var_core.engine import GenerationOptions, Policy, SamplingConfig, ScalePlan, Tracer, generate
+from var_core.engine.reference_loop import reference_generate
+
+TOKEN_PRUNING = ("nova", "fastvar", "ldpruning", "toprovar", "sparsevar", "stagevar")
+SCORING_SPANS = ("accel/scorer", "accel/entropy")
+LENS_SPANS = ("lens",)
+
+
+class ScaleClock(Tracer):
+    """Wall-clock per scale (CPU: perf_counter is exact after each op returns; no CUDA here)."""
+
+    enabled = True
+
+    def __init__(self):
+        self.per_scale: dict[int, float] = {}
+        self._t0 = 0.0
+
+    def scale_begin(self, scale):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._t0 = time.perf_counter()
+
+    def scale_end(self, scale):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.per_scale[scale] = time.perf_counter() - self._t0
+
+
+class PruneLastScaleHalf(Policy):
+    """Benchmark policy: keeps every other token of the last scale (a fixed, score-free plan)."""
+
+    name = "half_last_scale"
+
+    def plan_scale(self, ctx):
+        return ScalePlan(prune=ctx.is_last)
+
+    def plan_block(self, ctx, block, branch, x_RNC):
+        keep = torch.arange(0, ctx.num_tokens, 2, device=x_RNC.device)
+        return keep.expand(x_RNC.shape[0], -1)
+
+
+def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(warmup):
+        for fn in variants.values():
+            fn()
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def environment_line(adapter, batch_size: int) -> str:
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    return (f"# model={getattr(adapter, 'model_name', '?')} batch={batch_size} device={device} "
+            f"threads={torch.get_num_threads()} torch={torch.__version__} dtype=float32 attention=sdpa")
+
+
+def load_bench_model(args):
+    """The model of ``--model`` with ``--weights --vae-weights --text-encoder`` (studies._model_cli)."""
+    from ablations.runner import load_study_model
+
+    return load_study_model(args.model, getattr(args, "weights", None), vae_weights=getattr(args, "vae_weights", None),
+                            text_encoder=getattr(args, "text_encoder", None), seed=args.seed)
+
+
+def bench_sampling(args, sampling: SamplingConfig) -> SamplingConfig:
+    """``sampling`` with ``--cfg --top-k --top-p --temperature`` applied."""
+    import dataclasses
+
+    from ablations.runner import sampling_overrides
+    from var_core.errors import UserError
+
+    overrides = sampling_overrides(args)
+    try:
+        return dataclasses.replace(sampling, **overrides) if overrides else sampling
+    except ValueError as exc:
+        raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
+
+
+def save_bench_images(args, adapter, arm: str, conditions, seeds, sampling, policy=None, prompt_set=None) -> None:
+    """``--save-images [DIR]``: one untimed, decoded generation (same conditions and seeds as the timed ones),
+    written in the evaluators' layouts under DIR or ``results/bench/<command>_<model>/``."""
+    if getattr(args, "save_images", None) is None:
+        return
+    from ablations.runner import images_root
+    from var_core.eval.export import export_images
+    from var_core.eval.lightning import ConditionSet
+
+    result = generate(adapter, conditions, seeds, sampling, policy=policy, options=GenerationOptions(decode=True))
+    meta = None
+    if prompt_set is not None:  # the prompt file's tags, categories and GenEval lines
+        condition_set, meta = prompt_set.conditions(len(seeds)), prompt_set.geneval_metadata
+    elif isinstance(conditions, torch.Tensor):
+        condition_set = ConditionSet(tuple(int(v) for v in conditions.tolist()))
+    else:
+        condition_set = ConditionSet.from_prompts(list(conditions))
+    default = Path("results") / "bench" / f"{args.what}_{str(args.model).replace(':', '-')}"
+    out = export_images(images_root(args.save_images, default), arm, result.images, condition_set, seeds=seeds,
+                        prompt_metadata=meta)
+    print(f"# images: {out['images']} PNGs of {arm} in {out['folder']}", file=sys.stderr)
+
+
+def bench_engine(args) -> int:
+    adapter = load_bench_model(args)
+    sampling = bench_sampling(args, SamplingConfig(cfg=1.5, top_k=900, top_p=0.96))
+    options = GenerationOptions(check_finite=False, decode=args.with_decode, keep_raw_logits=False)
+    from var_core.accel import PolicyConfig, build_policy
+
+    noop_accel = build_policy(PolicyConfig(name="baseline"))
+    for batch_size in args.batch_sizes:
+        print(environment_line(adapter, batch_size))
+        labels = torch.arange(batch_size) % adapter.cfg.num_classes
+        seeds = list(range(batch_size))
+        gens = lambda: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
+
+        def reference():
+            with torch.inference_mode():
+                if args.with_decode:
+                    return reference_generate(adapter.var, adapter.vae, labels, sampling, gens())
+                return _reference_no_decode(adapter, labels, sampling, gens())
+
+        variants = {
+            "reference (official algorithm)": reference,
+            "engine, empty slots": lambda: generate(adapter, labels, seeds, sampling, options=options),
+            "engine, composed no-op policy": lambda: generate(adapter, labels, seeds, sampling, policy=noop_accel,
+                                                              options=options),
+        }
+        times = interleaved_medians(variants, args.repeats)
+        ref = statistics.median(times["reference (official algorithm)"])
+        print(f"{'variant':36s} {'median s':>9s} {'min s':>8s} {'ratio':>7s}")
+        for name, values in times.items():
+            med = statistics.median(values)
+            print(f"{name:36s} {med:9.3f} {min(values):8.3f} {med / ref:7.3f}")
+
+        clocks = {"dense": ScaleClock(), "half": ScaleClock()}
+        last_times = {"dense": [], "half": []}
+        for _ in range(args.repeats + 1):
+            for name, policy in (("dense", None), ("half", PruneLastScaleHalf())):
+                result = generate(adapter, labels, seeds, sampling, policy=policy, tracer=clocks[name],
+                                  options=options)
+                last_times[name].append(clocks[name].per_scale[adapter.num_scales - 1])
+                kept = result.records[-1].kept_tokens
+        dense_t = statistics.median(last_times["dense"][1:])
+        half_t = statistics.median(last_times["half"][1:])
+        flops_ratio = _last_scale_block_flops(adapter, kept) / _last_scale_block_flops(adapter, None)
+        print(f"last scale, half the tokens kept: FLOPs ratio {flops_ratio:.3f}  measured time ratio "
+              f"{half_t / dense_t:.3f} ({half_t:.3f} s vs {dense_t:.3f} s)")
+        engine_ratio = statistics.median(times["engine, empty slots"]) / ref
+        print(f"engine_vs_reference={engine_ratio:.3f} half_prune_time_ratio={half_t / dense_t:.3f} "
+              f"half_prune_flops_ratio={flops_ratio:.3f}")
+        save_bench_images(args, adapter, f"engine_b{batch_size}", labels, seeds, sampling)
+    return 0
+
+
+def _reference_no_decode(adapter, labels, sampling, gens):
+    """The reference loop without its final decode (so both sides time the transformer only)."""
+    vae = adapter.vae
+    decode = vae.fhat_to_img
+    vae.fhat_to_img = lambda f: f  # noqa: E731 - temporarily bypass the decoder for timing
+    try:
+        return reference_generate(adapter.var, vae, labels, sampling, gens)
+    finally:
+        vae.fhat_to_img = decode
+
+
+def _last_scale_block_flops(adapter, kept_tokens) -> float:
+    """Analytic block FLOPs of the last scale (linear layers + attention over the cache) per network row."""
+    cfg = adapter.cfg
+    C, F = cfg.embed_dim, cfg.mlp_hidden
+    N = adapter.scale_hw[-1][0] * adapter.scale_hw[-1][1]
+    history = adapter.total_tokens - N
+    total = 0.0
+    for block in range(adapter.num_blocks):
+        n_attn, n_ffn = (N, N) if kept_tokens is None else kept_tokens[block]
+        keys = history + n_attn
+        total += n_attn * (2 * C * 3 * C + 2 * C * C) + 4 * n_attn * keys * C + n_ffn * 4 * C * F
+    return total
+
+
+def _progress(message: str) -> None:
+    print(f"[bench presets {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def bench_presets(args) -> int:
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    from studies.bench import bench_sampling, load_bench_model, save_bench_images
+
+    adapter = load_bench_model(args)
+    sampling = bench_sampling(args, getattr(adapter, "default_sampling", SamplingConfig()))
+    options = GenerationOptions(check_finite=False, decode=False, keep_raw_logits=True)
+    names = args.presets or sorted(PRESETS)
+    if "baseline" not in names:
+        names = ["baseline"] + names
+    B = args.batch_size
+    labels = torch.arange(B) % adapter.cfg.num_classes
+    prompt_set = None
+    if getattr(args, "prompts", None) is not None:  # text-to-image prompt set: sample i on prompt i mod P
+        from studies.latency import conditions_for
+        from var_core.eval.prompts import load_prompt_set
+
+        prompt_set = load_prompt_set(args.prompts)
+        labels = conditions_for(adapter, B, 0, prompt_set)
+    seeds = list(range(1000, 1000 + B))
+    policies = {name: build_policy(get_preset(name)) for name in names}
+    print(environment_line(adapter, B))
+
+    flops, results = {}, {}
+    for name, policy in policies.items():
+        _progress(f"warm-up + FLOPs: {name}")
+        results[name] = generate(adapter, labels, seeds, sampling, policy=policy, options=options)
+        flops[name] = count_flops(adapter, results[name], batch_size=B).total
+
+    variants = {name: (lambda p=policy: generate(adapter, labels, seeds, sampling, policy=p, options=options))
+                for name, policy in policies.items()}
+    _progress(f"timing {len(variants)} presets x {args.repeats} interleaved repeats")
+    times = interleaved_medians(variants, args.repeats, warmup=0)
+
+    scoring_share, lens_share = {}, {}
+    for name in names:
+        _progress(f"component timers: {name}")
+        timer = ComponentTimer()
+        generate(adapter, labels, seeds, sampling, policy=policies[name], tracer=timer, options=options)
+        table = timer.per_component()
+        total = timer.total_ms()
+
+        def share(spans):
+            return float(table.loc[table.index.isin(spans), "self_ms"].sum()) / total if total > 0 else 0.0
+
+        scoring_share[name], lens_share[name] = share(SCORING_SPANS), share(LENS_SPANS)
+
+    base_t = statistics.median(times["baseline"])
+    base_f = flops["baseline"]
+    print(f"{'preset':10s} {'FLOPs ratio':>11s} {'ideal x':>8s} {'time s':>8s} {'time ratio':>10s} {'measured x':>10s} "
+          f"{'meas/ideal':>10s} {'scoring %':>9s} {'lens %':>7s}  computed tokens per scale")
+    ratios = {}
+    for name in names:
+        t = statistics.median(times[name])
+        f_ratio = flops[name] / base_f
+        ideal = 1 / f_ratio
+        measured = base_t / t
+        ratios[name] = measured / ideal
+        tokens = results[name].computed_tokens_per_scale()
+        print(f"{name:10s} {f_ratio:11.3f} {ideal:8.2f} {t:8.3f} {t / base_t:10.3f} {measured:10.2f} "
+              f"{ratios[name]:10.2f} {100 * scoring_share[name]:8.2f}% {100 * lens_share[name]:6.2f}%  {tokens}")
+    for name in names:  # --save-images: one untimed decoded generation per preset, after the measurements
+        save_bench_images(args, adapter, f"{name}_b{B}", labels, seeds, sampling, policies[name], prompt_set)
+    pruning = [n for n in names if n in TOKEN_PRUNING and flops[n] < 0.99 * base_f]
+    worst = min((ratios[n] for n in pruning), default=float("nan"))
+    entropy = scoring_share.get("nova", float("nan"))
+    print(f"speedup_vs_ideal_min={worst:.3f} entropy_overhead={entropy:.4f} "
+          f"scoring_overhead_max={max(scoring_share.values()):.4f} lens_share={lens_share.get('nova', float('nan')):.4f}")
+    return 0
