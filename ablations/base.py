@@ -121,11 +121,9 @@ def family(name: str, doc: str, *, table: str = "", analysis: Callable[[Analysis
 
 
 def _load_all() -> None:
-    import ablations
-
     for module in FAMILY_MODULES:
         importlib.import_module(f"ablations.{module}")
-    for info in pkgutil.iter_modules(ablations.__path__):  # families added in new files register too
+    for info in pkgutil.iter_modules([str(Path(__file__).resolve().parent)]):  # families added in new files register too
         if info.name not in FAMILY_MODULES and not info.name.startswith("_") and info.name not in NOT_FAMILIES:
             importlib.import_module(f"ablations.{info.name}")
 

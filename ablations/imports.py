@@ -267,9 +267,18 @@ def dpg_summary(rows: Iterable[dict], seed: int = 0) -> dict:
 
 # ----- import ----------------------------------------------------------------------------------------------
 def _arm_names(out_dir: Path) -> list[str]:
-    from .report import read_folder
+    """The arms with a readable finished record in ``out_dir/arms`` (what the report would show)."""
+    from var_core.eval.records import RecordError, load_record
 
-    return [r["arm"] for r in read_folder(out_dir).records]
+    names = []
+    for path in sorted((Path(out_dir) / "arms").glob("*.json")):
+        try:
+            record = load_record(path)
+        except RecordError:
+            continue
+        if record and record.get("status") == "complete" and record.get("arm"):
+            names.append(record["arm"])
+    return names
 
 
 def import_results(out_dir: str | Path, kind: str, path: str | Path, *, arm: str | None = None,

@@ -2,7 +2,9 @@
 
 Everything here reads the per-arm JSON records (and the arms' ``.pt`` tensors for the overview grid), so
 ``python -m studies.report RUN_DIR`` can rebuild it at any time. The JSON records stay the system of record; the
-W&B run (offline by default, under ``RUN_DIR/wandb``) is a mirror.
+W&B run (offline by default, under ``RUN_DIR/wandb``; grouped per study, with the records and table as a ``study``
+artifact) is a mirror. The table shows one headline speedup, the interleaved re-timing when the study has one, and
+says which (:func:`headline_speedup`); the sample grids carry their arm names in the image.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from var_core.eval.lightning import TIMED_REGION
 from var_core.eval.stats import format_summary, holm_adjust
 
 __all__ = ["table_frame", "write_table", "write_plots", "write_overview_grid", "log_wandb", "write_report",
+           "headline_speedup", "wandb_study", "study_artifact_files",
            "load_records", "read_folder", "FolderContents", "plot_quality_vs_flops", "plot_layer_entropy", "plot_gamma",
            "plot_criterion_iou", "plot_rho_calibration", "write_analysis_plots"]
 
@@ -197,9 +200,35 @@ def _with_interleaved(records: list[dict], interleaved: dict | None) -> list[dic
     return out
 
 
+def headline_speedup(records: list[dict], interleaved: dict | None) -> dict:
+    """Which timing the table's one headline speedup is, and how its column is labelled.
+
+    The interleaved re-timing (``timing_interleaved.json``: a batch of ``b`` per arm, the arms back to back in a
+    rotating order, paired by round) when the study has one: at ``b = 1`` the latency regime, and robust to load
+    changes between the arms' sequential main runs. Else the main runs' sequential batches (the throughput batch,
+    paired by batch). The other timing stays in the table as a detail column (``table.csv`` keeps both ``speedup``,
+    the sequential one, and ``speedup_interleaved``; ``speedup_headline*`` repeats the headline)."""
+    n_batches = {len(r["timing"].get("batches", [])) for r in records}
+    sizes = {r["timing"].get("batch_size") for r in records}
+    count = n_batches.pop() if len(n_batches) == 1 else None
+    seq = (f"{count} batch{'es' if count != 1 else ''}" if count is not None else "batches") + (
+        f" of {sizes.pop()}" if len(sizes) == 1 and None not in sizes else "")
+    if interleaved and interleaved.get("arms"):
+        b, rounds = interleaved.get("batch_size"), interleaved.get("rounds")
+        return {"stem": "speedup_interleaved", "timing": "interleaved",
+                "description": f"interleaved re-timing, batch {b}, {rounds} rounds",
+                "label": f"speedup interleaved (b={b}, {rounds} rounds)",
+                "detail": {"stem": "speedup", "label": f"seq. speedup ({seq})"}}
+    return {"stem": "speedup", "timing": "sequential", "description": f"sequential main runs, {seq}",
+            "label": f"speedup sequential ({seq})", "detail": None}
+
+
 def table_frame(records: list[dict], unavailable: list | None = None, interleaved: dict | None = None):
-    """One row per arm; each metric as ``<stem>``, ``<stem>_low``, ``<stem>_high``, ``<stem>_n``."""
+    """One row per arm; each metric as ``<stem>``, ``<stem>_low``, ``<stem>_high``, ``<stem>_n``; the headline
+    speedup (:func:`headline_speedup`) also as ``speedup_headline*`` with ``speedup_headline_timing`` naming it."""
     import pandas as pd
+
+    headline = headline_speedup(records, interleaved)
 
     records = _with_psnr_summaries(_with_interleaved(records, interleaved))
     holm = {(arm, name): a for arm, name, _, a in _wilcoxon_family(records)}
@@ -218,6 +247,9 @@ def table_frame(records: list[dict], unavailable: list | None = None, interleave
             row[f"{stem}_low"] = summ["low"] if summ else None
             row[f"{stem}_high"] = summ["high"] if summ else None
             row[f"{stem}_n"] = summ["n"] if summ else None
+        for suffix in ("", "_low", "_high", "_n"):
+            row[f"speedup_headline{suffix}"] = row[f"{headline['stem']}{suffix}"]
+        row["speedup_headline_timing"] = headline["description"]
         ident = r["metrics"]["per_sample"].get("identical")
         row["identical_fraction"] = (float(np.mean([v for v in ident if v is not None])) if ident else None)
         row["memory_source"] = t.get("memory_source")
@@ -267,9 +299,19 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
         or m[0] in ("gflops", "peak_mb") + PROMPT_AND_IMPORTED) or m[0] in ("ms_per_image", "speedup")]
     n_batches = {len(r["timing"].get("batches", [])) for r in records}
     batches_note = f" ({n_batches.pop()} batches)" if len(n_batches) == 1 else " (batches)"
-    rounds_note = (f" (b={interleaved['batch_size']}, {interleaved['rounds']} rounds)" if interleaved else "")
-    header = ["arm", "n"] + [m[2] + (batches_note if m[0] in ("ms_per_image", "speedup") else
-                                     rounds_note if m[0] == "speedup_interleaved" else "") for m in present]
+    # one headline speedup column, right after the latency, its header naming the timing; the other timing after it
+    headline = headline_speedup(records, interleaved)
+    by_stem = {m[0]: m for m in present}
+    speed = [by_stem[headline["stem"]]] if headline["stem"] in by_stem else []
+    if headline["detail"] is not None and headline["detail"]["stem"] in by_stem:
+        speed.append(by_stem[headline["detail"]["stem"]])
+    rest = [m for m in present if m[0] not in ("speedup", "speedup_interleaved")]
+    present = rest[:1] + speed + rest[1:]
+    labels = {headline["stem"]: headline["label"]}
+    if headline["detail"] is not None:
+        labels[headline["detail"]["stem"]] = headline["detail"]["label"]
+    header = ["arm", "n"] + [labels.get(m[0], m[2] + (batches_note if m[0] == "ms_per_image" else ""))
+                             for m in present]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in records:
         cells = [f"**{r['arm']}**" if r["role"] == "baseline" else r["arm"], str(r["samples"]["n"])]
@@ -296,8 +338,9 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
                    + (" (dirty)" if (env.get('git') or {}).get('dirty') else "") + ".\n")
         if plan is not None and plan.notes:
             doc.extend(f"> {note}\n" for note in plan.notes)
-    doc.append("Each cell: mean [95 % bootstrap CI]; `n` = samples per arm (latency and speedup: over the "
-               "n/batch-size batches, speedup paired by batch; FID/KID/IS: set-level, bootstrap over samples). "
+    doc.append(_headline_note(headline, interleaved))
+    doc.append("Each cell: mean [95 % bootstrap CI]; `n` = samples per arm (latency and sequential speedup: over "
+               "the n/batch-size batches, paired by batch; FID/KID/IS: set-level, bootstrap over samples). "
                "Fidelity metrics (PSNR, SSIM, MS-SSIM, token agreement, FID-proxy) compare each arm with the "
                "baseline image of the same seed. `PSNR dB (differing)`: mean over only the samples whose image "
                "differs from the baseline's (an identical image has no finite PSNR; `identical` counts them, k/n); "
@@ -314,12 +357,6 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
                    f"{' and '.join(protocols)} (var_core.eval.inception; protocols resize and normalise "
                    f"differently, so their FIDs are not comparable).\n")
     doc.append(f"Timed region: {TIMED_REGION}.\n")
-    if interleaved:
-        doc.append(f"`speedup interleaved`: after all arms, a batch of {interleaved['batch_size']} (the first "
-                   f"samples) per arm was re-timed {interleaved['rounds']} times with the arms back to back in a "
-                   f"rotating order, the ratio paired by round: the latency-regime speedup, robust to load changes "
-                   f"between the arms' main runs (on a shared machine trust it over the sequential `speedup`, "
-                   f"which is the throughput-batch number).\n")
     reasons: dict[str, str] = {}
     for r in records:
         for name, why in r["metrics"].get("unavailable", {}).items():
@@ -362,6 +399,23 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
     tmp.write_text("\n".join(doc) + "\n")
     os.replace(tmp, md_path)
     return {"csv": csv_path, "markdown": md_path}
+
+
+def _headline_note(headline: dict, interleaved: dict | None) -> str:
+    """The line above the table that says which timing the headline speedup is (and when it was measured)."""
+    if headline["timing"] == "interleaved":
+        m = (interleaved or {}).get("measured") or {}
+        when = (f" Measured {m.get('at')} (measurement {m.get('id')}: {m.get('reason')}; kept with the study and "
+                f"reused on resume, `--retime` re-measures)." if m else "")
+        return (f"**Headline speedup: `{headline['label']}`**, the interleaved re-timing: after all arms, a batch of "
+                f"{interleaved['batch_size']} (the first samples) per arm re-timed {interleaved['rounds']} times with "
+                f"the arms back to back in a rotating order, the baseline/arm ratio paired by round (bootstrap CI "
+                f"over rounds): {'the latency-regime speedup, ' if interleaved['batch_size'] == 1 else ''}robust "
+                f"to load changes between the arms' main runs.{when} Detail: `{headline['detail']['label']}`, the "
+                f"sequential main runs (the throughput batch, paired by batch; `speedup` in table.csv).\n")
+    return (f"**Headline speedup: `{headline['label']}`**, the sequential main runs: baseline/arm generate() "
+            f"seconds paired by batch (the throughput batch; no interleaved re-timing of these arms: --timing-rounds "
+            f"0, a single arm, or one measured for other arms).\n")
 
 
 # ----- plots -----------------------------------------------------------------------------------------------
@@ -725,12 +779,15 @@ def analysis_markdown(out_dir: Path) -> str:
 
 def write_overview_grid(out_dir: Path, records: list[dict], k: int = 8, problems: list[str] | None = None
                         ) -> Path | None:
-    """One row per arm (baseline first), the first ``k`` samples (same seeds in every column). A tensor file that
-    cannot be read (``weights_only=True``: nothing in it runs) leaves its row out and is named in ``problems``."""
+    """One row per arm (baseline first), the first ``k`` samples (same seeds in every column), each row's arm name
+    drawn in the image's left margin (:func:`ablations.grids.save_labelled_grid`; also listed in
+    ``overview_rows.txt``). A tensor file that cannot be read (``weights_only=True``: nothing in it runs) leaves its
+    row out and is named in ``problems``."""
     import torch
 
-    from var_core.eval.images import save_grid
     from var_core.eval.lightning import GenerationRun, ResultFileError
+
+    from .grids import save_labelled_grid
 
     rows, names = [], []
     for r in records:
@@ -755,7 +812,7 @@ def write_overview_grid(out_dir: Path, records: list[dict], k: int = 8, problems
     k = min(x.shape[0] for x in rows)
     images = torch.cat([x[:k] for x in rows])
     upscale = max(1, 128 // images.shape[-1])
-    path = save_grid(images, out_dir / "grids" / "overview.png", nrow=k, upscale=upscale)
+    path = save_labelled_grid(images, out_dir / "grids" / "overview.png", nrow=k, upscale=upscale, row_labels=names)
     (out_dir / "grids" / "overview_rows.txt").write_text("\n".join(names) + "\n")
     return path
 
@@ -770,9 +827,52 @@ def _append_problems(md_path: Path, problems: list[str]) -> None:
 
 
 # ----- W&B -------------------------------------------------------------------------------------------------
+def wandb_study(out_dir: Path, records: list[dict]) -> dict:
+    """How a study's W&B runs are grouped and tagged: ``group`` = family, model and a hash of the results folder
+    (every run of one study, first run and resumes, lands in one group); ``tags``: ``family:…``, ``model:…`` and
+    ``preset:…`` for every preset an arm is built from; ``artifact``: the name of its ``study`` artifact."""
+    import hashlib
+    import re
+
+    from var_core.accel.presets import PRESETS
+
+    base = records[0] if records else {}
+    family = str(base.get("family") or "study")
+    model = str((base.get("model") or {}).get("name") or "model")
+    folder = hashlib.sha1(str(Path(out_dir).resolve()).encode()).hexdigest()[:8]
+    group = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{family}-{model}-{folder}")[:120]
+    presets = []
+    for r in records:
+        name = str((r.get("policy") or {}).get("name") or "").split("/")[0]
+        if name in PRESETS and name != "baseline" and name not in presets:
+            presets.append(name)
+    tags = [f"family:{family}", f"model:{model}"] + [f"preset:{p}" for p in presets]
+    return {"group": group, "tags": [t[:64] for t in tags], "artifact": f"study-{group}", "family": family,
+            "model": model, "presets": presets}
+
+
+def study_artifact_files(out_dir: Path, records: list[dict]) -> dict[str, Path]:
+    """The files of a study's W&B artifact, by their name in it: every arm's record (``arms/<arm>.json``),
+    ``table.md``, ``table.csv`` and, when present, ``timing_interleaved.json`` (not ``study.json``: the runner
+    rewrites it after the report, so the copy would still say ``running``)."""
+    out_dir = Path(out_dir)
+    files: dict[str, Path] = {}
+    for r in records:
+        path = rec.record_paths(out_dir, r["arm"])[0]
+        if path.is_file():
+            files[str(path.relative_to(out_dir))] = path
+    for name in ("table.md", "table.csv", "timing_interleaved.json"):
+        if (out_dir / name).is_file():
+            files[name] = out_dir / name
+    return files
+
+
 def log_wandb(out_dir: Path, mode: str, records: list[dict], frame, plots: dict[str, Path],
               grids: dict[str, Path]) -> Path | None:
-    """Mirror the table, plots and grids into a W&B run under ``out_dir/wandb`` (``disabled``: nothing at all)."""
+    """Mirror the study into a W&B run under ``out_dir/wandb`` (``disabled``: nothing at all): the table, plots and
+    grids as logged media, each arm's headline numbers in the run summary, and the records and table files as an
+    artifact of type ``study`` (:func:`study_artifact_files`); runs are grouped per study and tagged with family,
+    model and presets (:func:`wandb_study`)."""
     if mode == "disabled":
         return None
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -783,11 +883,14 @@ def log_wandb(out_dir: Path, mode: str, records: list[dict], frame, plots: dict[
     import wandb
 
     base = records[0] if records else {}
+    study = wandb_study(out_dir, records)
     config = {"family": base.get("family"), "model": base.get("model"), "sampling": base.get("sampling"),
               "samples": {k: v for k, v in (base.get("samples") or {}).items() if k in ("n", "base_seed", "hash")},
-              "arms": {r["arm"]: {"config_hash": r["config_hash"], "policy": r["policy"]} for r in records}}
+              "arms": {r["arm"]: {"config_hash": r["config_hash"], "policy": r["policy"]} for r in records},
+              "study": {"group": study["group"], "folder": str(Path(out_dir).resolve())}}
     run = wandb.init(mode=mode, dir=str(out_dir), project=os.environ.get("WANDB_PROJECT", "varscope"),
                      name=f"ablate-{base.get('family')}-{out_dir.name}", config=config, job_type="ablation",
+                     group=study["group"], tags=study["tags"],
                      settings=wandb.Settings(silent=True, x_disable_stats=True))
     try:
         table = frame.astype(object).where(frame.notna(), None)
@@ -798,15 +901,41 @@ def log_wandb(out_dir: Path, mode: str, records: list[dict], frame, plots: dict[
             payload[f"grids/{name}"] = wandb.Image(str(path), caption=name)
         run.log(payload)
         for r in records:
-            for key in ("ms_per_image", "speedup", "psnr_mean_mse", "psnr_differing", "identical", "ssim",
-                        "class_correct", "fid_proxy"):
+            for key in ("ms_per_image", "speedup", "speedup_interleaved", "psnr_mean_mse", "psnr_differing",
+                        "identical", "ssim", "class_correct", "fid_proxy"):
                 summ = _get(r["summary"], key)
                 if summ and summ.get("mean") is not None:
                     run.summary[f"{r['arm']}/{key}"] = summ["mean"]
+        if "speedup_headline" in frame.columns:
+            for _, row in frame.iterrows():
+                value = row.get("speedup_headline")
+                if value is not None and isinstance(value, (int, float)) and math.isfinite(value):
+                    run.summary[f"{row['arm']}/speedup_headline"] = float(value)
+                    run.summary["speedup_headline_timing"] = row.get("speedup_headline_timing")
+        files = study_artifact_files(out_dir, records)
+        if files:
+            artifact = wandb.Artifact(study["artifact"], type="study",
+                                      description=f"ablation {study['family']} on {study['model']}: arm records "
+                                                  f"and table ({Path(out_dir).resolve()})",
+                                      metadata={"family": study["family"], "model": study["model"],
+                                                "presets": study["presets"],
+                                                "arms": {r["arm"]: r["config_hash"] for r in records}})
+            for name, path in files.items():
+                artifact.add_file(str(path), name=name)
+            run.log_artifact(artifact)
         run_dir = Path(run.dir).parent if getattr(run, "dir", None) else wandb_root
     finally:
         run.finish()
     return run_dir
+
+
+def _interleaved_matches(interleaved: dict, records: list[dict]) -> bool:
+    """Whether a stored interleaved re-timing timed exactly these arms (names, and config hashes where it says)."""
+    if set(interleaved.get("arms", {})) != {r["arm"] for r in records}:
+        return False
+    covered = (interleaved.get("covers") or {}).get("arms") or {}
+    return all(covered[r["arm"]].get("config_hash", "").split("+")[0] == r["config_hash"]
+               for r in records if isinstance(covered.get(r["arm"]), dict))
 
 
 def write_report(out_dir: Path, records: list[dict], unavailable: list, *, plan=None, adapter=None,
@@ -822,8 +951,8 @@ def write_report(out_dir: Path, records: list[dict], unavailable: list, *, plan=
         import json
 
         interleaved = json.loads((out_dir / "timing_interleaved.json").read_text())
-        if set(interleaved.get("arms", {})) != {r["arm"] for r in records}:
-            interleaved = None  # from another selection of arms
+        if not _interleaved_matches(interleaved, records):
+            interleaved = None  # from another selection of arms (or other configurations of them)
     outputs: dict[str, Any] = {"records": [str(rec.record_paths(out_dir, r["arm"])[0]) for r in records]}
     from .imports import merge_imports
 

@@ -10,7 +10,10 @@
    from an earlier run into the same folder (same config hash, model, sampling and sample set);
 4. computes the metrics against the baseline (same seeds), writes the arm's JSON record atomically and its sample
    grid as soon as the arm finishes;
-5. writes the table (CSV + Markdown), the plots, the overview grid and the W&B run (offline by default).
+5. re-times one batch per arm with the arms interleaved (``timing_interleaved.json``: the latency-regime speedup,
+   the table's headline); a resumed study reuses that measurement when it covers the same arms and settings, and
+   ``retime=True`` (``--retime``) re-measures it; the file says what it covered and when and why it was measured;
+6. writes the table (CSV + Markdown), the plots, the labelled overview grid and the W&B run (offline by default).
 
 Every number that needs the baseline is paired by sample index (and the speedup by batch, when both were cut the
 same way).
@@ -58,6 +61,7 @@ __all__ = ["StudyOptions", "StudyPlan", "StudyResult", "plan_study", "run_study"
            "images_root", "export_arm_images", "default_out_dir", "results_lock", "ResultsFolderBusy", "baseline_identity",
            "LOCK_NAME"]
 
+TEXT_TO_IMAGE_FAMILIES = ("infinity", "hart")  # families conditioned on prompts (the others on class labels)
 PAIRED_TESTS = ("class_prob", "class_correct", "entropy_mean")
 
 
@@ -96,6 +100,7 @@ class StudyOptions:
     plots: bool = True
     timing_rounds: int = 5  # interleaved re-timing rounds per arm (0: off): latency speedup robust to load drift
     timing_batch: int = 1  # batch size of the interleaved re-timing (1: the latency regime)
+    retime: bool = False  # re-measure the interleaved re-timing even when the folder's covers these arms / settings
     # real checkpoints, sampling and prompts (studies._model_cli: --vae-weights --text-encoder --cfg --top-k --top-p
     # --temperature --prompts --save-images); None: the model's own default
     vae_weights: str | None = None
@@ -131,7 +136,7 @@ class StudyResult:
 
 # ----- resolution ------------------------------------------------------------------------------------------
 def resolve_model(name: str | None, weights: str | None) -> tuple[str, str | None, list[str]]:
-    from var_core.models.zoo import TESTBED_DIR
+    from var_core.zoo import TESTBED_DIR
 
     notes = []
     if name is None:
@@ -165,9 +170,9 @@ def resolve_sampling(adapter, model: str, weights: str | None, overrides: dict |
 
 def load_study_model(model: str, weights: str | None, *, vae_weights: str | None = None,
                      text_encoder: str | None = None, dtype=torch.float32, device: str = "cpu", seed: int = 0):
-    """``var_core.models.zoo.load_model`` with the checkpoint paths of a study (``--weights --vae-weights
+    """``var_core.zoo.load_model`` with the checkpoint paths of a study (``--weights --vae-weights
     --text-encoder``); ``--text-encoder`` on a class-conditional model is a ``UserError``."""
-    from var_core.models.zoo import ZOO, load_model
+    from var_core.zoo import ZOO, load_model
 
     kwargs: dict[str, Any] = {}
     if vae_weights is not None:
@@ -180,9 +185,9 @@ def load_study_model(model: str, weights: str | None, *, vae_weights: str | None
         kwargs["vae_weights"] = vae_weights
     if text_encoder is not None:
         family = getattr(ZOO.get(model.removeprefix("random:")), "family", None)
-        if family != "infinity":
-            raise UserError(f"--text-encoder is for text-to-image (Infinity) models; {model} is class-conditional: "
-                            f"drop the option")
+        if family not in TEXT_TO_IMAGE_FAMILIES:
+            raise UserError(f"--text-encoder is for text-to-image models (Infinity: flan-T5, HART: Qwen2); {model} "
+                            f"is class-conditional: drop the option")
         kwargs["text_encoder"] = text_encoder
     return load_model(model, weights=weights, dtype=dtype, device=device, seed=seed, **kwargs)
 
@@ -199,8 +204,9 @@ def load_prompts(path: str | None):
 def study_conditions(adapter, samples: int, seed: int, prompt_set=None) -> ConditionSet:
     """Balanced class labels, or with a prompt set sample ``i`` on prompt ``i mod P`` (text-to-image only)."""
     if prompt_set is not None:
-        if getattr(adapter, "family", None) != "infinity":
-            raise UserError(f"--prompts needs a text-to-image model (random:infinity-tiny, infinity-2b, ...); "
+        if getattr(adapter, "family", None) not in TEXT_TO_IMAGE_FAMILIES:
+            raise UserError(f"--prompts needs a text-to-image model (random:infinity-tiny, infinity-2b, "
+                            f"hart-0.7b, ...); "
                             f"{getattr(adapter, 'model_name', 'this model')} is class-conditional: drop --prompts")
         return prompt_set.conditions(samples, seed)
     num_classes = int(getattr(getattr(adapter, "cfg", None), "num_classes", 1) or 1)
@@ -241,7 +247,7 @@ def _default_sampling(adapter, model: str, weights: str | None):
     if isinstance(default, dict):
         return SamplingConfig(**default)
     if model.removeprefix("random:") == "testbed":
-        from var_core.models.zoo import TESTBED_DIR
+        from var_core.zoo import TESTBED_DIR
 
         card = Path(weights) / "testbed.json" if weights else TESTBED_DIR / "testbed.json"
         try:
@@ -313,10 +319,11 @@ def plan_study(options: StudyOptions) -> StudyPlan:
     model, weights, notes = resolve_model(options.model, options.weights)
     if options.prompts is not None:
         load_prompts(options.prompts)  # a bad prompt file fails here, before any model is loaded
-        from var_core.models.zoo import ZOO
+        from var_core.zoo import ZOO
 
-        if getattr(ZOO.get(model.removeprefix("random:")), "family", None) != "infinity":
-            raise UserError(f"--prompts needs a text-to-image model (random:infinity-tiny, infinity-2b, ...); "
+        if getattr(ZOO.get(model.removeprefix("random:")), "family", None) not in TEXT_TO_IMAGE_FAMILIES:
+            raise UserError(f"--prompts needs a text-to-image model (random:infinity-tiny, infinity-2b, "
+                            f"hart-0.7b, ...); "
                             f"{model} is class-conditional: drop --prompts")
     if sampling_overrides(options):
         from var_core.engine import SamplingConfig
@@ -955,13 +962,32 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
 
     if channel is not None:
         channel.close()  # nothing more to generate: the other ranks are released before rank-0-only work
-    interleaved = None
+    interleaved, interleaved_reused = None, False
     if options.timing_rounds > 0 and len(available) > 1:
-        log(f"interleaved timing: {options.timing_rounds} rounds of a batch of {options.timing_batch} per arm, arms "
-            f"back to back in rotating order")
-        interleaved = interleaved_timing(adapter, available, conditions, sampling, options.timing_batch,
-                                         options.timing_rounds, seed=options.seed, threads=threads, device=device)
-        rec.write_json_atomic(out_dir / "timing_interleaved.json", interleaved)
+        covers = interleaved_covers({a.name: config_for(a).key() for a in available}, options.timing_rounds,
+                                    min(options.timing_batch, len(conditions)),
+                                    threads if threads is not None else torch.get_num_threads(),
+                                    device if device is not None else adapter.device, options.seed)
+        previous = _read_interleaved(out_dir, log)
+        why = retime_reason(previous, covers, options.retime)
+        if why is None:
+            interleaved, interleaved_reused = previous, True
+            m = previous["measured"]
+            log(f"interleaved timing: reusing the measurement {m['id']} of {m['at']} (same arms and settings; "
+                f"--retime re-measures)")
+        else:
+            log(f"interleaved timing ({why}): {options.timing_rounds} rounds of a batch of {options.timing_batch} "
+                f"per arm, arms back to back in rotating order")
+            interleaved = interleaved_timing(adapter, available, conditions, sampling, options.timing_batch,
+                                             options.timing_rounds, seed=options.seed, threads=threads, device=device)
+            interleaved["covers"] = covers
+            interleaved["measured"] = _measurement(why)
+            if previous is not None:  # when and why the earlier measurements were taken (their numbers are gone)
+                interleaved["history"] = list(previous.get("history") or []) + (
+                    [previous["measured"]] if isinstance(previous.get("measured"), dict) else [])
+            rec.write_json_atomic(out_dir / "timing_interleaved.json", interleaved)
+    elif options.retime:
+        log("note: --retime has nothing to re-measure (--timing-rounds 0, or a single arm)")
 
     from . import report
     from .base import AnalysisContext, run_analysis
@@ -974,10 +1000,74 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
                                   base_run=base_run, interleaved=interleaved)
     if analysis:
         outputs["analysis"] = analysis
+    if interleaved is not None and options.timing_rounds > 0 and len(available) > 1:
+        outputs["timing_interleaved_measured"] = dict(interleaved.get("measured") or {}, reused=interleaved_reused)
     seconds = time.perf_counter() - started
     _write_manifest(out_dir, plan, adapter, sampling, conditions, status="complete", records=records,
                     outputs=outputs, seconds=seconds, computed=computed, reused=reused)
     return StudyResult(out_dir, records, computed, reused, unavailable, outputs, seconds)
+
+
+INTERLEAVED_FILE = "timing_interleaved.json"
+
+
+def interleaved_covers(arm_keys: dict[str, dict], rounds: int, batch_size: int, threads: int, device, seed: int
+                       ) -> dict:
+    """What an interleaved re-timing measured, as compared on resume: every arm's record key (policy config hash,
+    model, weights, dtype, sampling, sample set), the rounds, the batch, the threads, the device and the bootstrap
+    seed. A measurement is reused only when all of it is unchanged (:func:`retime_reason`)."""
+    covers = {"arms": {name: arm_keys[name] for name in sorted(arm_keys)}, "rounds": int(rounds),
+              "batch_size": int(batch_size), "threads": int(threads), "device": str(torch.device(device)),
+              "seed": int(seed)}
+    return json.loads(json.dumps(rec.to_jsonable(covers)))  # as stored (tuples -> lists), so it compares equal
+
+
+def retime_reason(previous: dict | None, covers: dict, retime: bool = False) -> str | None:
+    """Why the interleaved re-timing must be measured (again), or None when ``previous`` (the folder's
+    ``timing_interleaved.json``) covers exactly these arms and settings and no re-measurement was asked for."""
+    if retime:
+        return "re-measured on request (--retime)"
+    if previous is None:
+        return "first measurement in this folder"
+    old = previous.get("covers")
+    if not isinstance(old, dict) or not isinstance(previous.get("measured"), dict):
+        return "the folder's measurement does not say what it covered (written before that was recorded)"
+    old_arms, new_arms = old.get("arms") or {}, covers["arms"]
+    changes = []
+    added = sorted(set(new_arms) - set(old_arms))
+    removed = sorted(set(old_arms) - set(new_arms))
+    changed = sorted(n for n in set(new_arms) & set(old_arms) if new_arms[n] != old_arms[n])
+    for label, names in (("added", added), ("removed", removed), ("changed", changed)):
+        if names:
+            changes.append(f"arms {label}: {', '.join(names)}")
+    for key in ("rounds", "batch_size", "threads", "device", "seed"):
+        if old.get(key) != covers[key]:
+            changes.append(f"{key} {old.get(key)} -> {covers[key]}")
+    return "; ".join(changes) if changes else None
+
+
+def _measurement(reason: str) -> dict:
+    """When, where and why an interleaved re-timing was measured (its ``measured`` entry)."""
+    import uuid
+
+    return {"id": uuid.uuid4().hex[:12], "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds"),
+            "reason": reason, "git": rec.git_info(), "host": socket.gethostname(),
+            "command": " ".join(sys.argv) if sys.argv else None}
+
+
+def _read_interleaved(out_dir: Path, log: Callable[[str], None]) -> dict | None:
+    """The folder's interleaved re-timing, or None (missing; unreadable: moved aside and re-measured)."""
+    path = Path(out_dir) / INTERLEAVED_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("arms"), dict):
+            raise ValueError("not an interleaved re-timing")
+        return data
+    except (OSError, ValueError) as exc:
+        _quarantine(path, f"{type(exc).__name__}: {exc}", "re-measure the interleaved timing", log)
+        return None
 
 
 def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampling, batch_size: int, rounds: int,
@@ -1044,14 +1134,17 @@ def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampl
 
 
 def _save_grid(out_dir: Path, name: str, run: GenerationRun, base_run: GenerationRun, k: int) -> None:
-    from var_core.eval.images import save_grid
+    """The arm's grid: the baseline's row and the arm's (same seeds), each labelled in the image."""
+    from .grids import save_labelled_grid
 
     if run.images_u8 is None or base_run.images_u8 is None:
         return
     k = min(k, len(run))
     images = run.images[:k] if run is base_run else torch.cat([base_run.images[:k], run.images[:k]])
+    labels = [name] if run is base_run else ["baseline", name]
     upscale = max(1, 128 // run.images_u8.shape[-1])
-    save_grid(images, out_dir / "grids" / f"{rec.arm_slug(name)}.png", nrow=k, upscale=upscale)
+    save_labelled_grid(images, out_dir / "grids" / f"{rec.arm_slug(name)}.png", nrow=k, upscale=upscale,
+                       row_labels=labels)
 
 
 def _write_manifest(out_dir: Path, plan: StudyPlan, adapter, sampling, conditions, *, status: str,

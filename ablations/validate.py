@@ -104,7 +104,7 @@ def validate_families(families: list[str] | None = None, *, model: str = "offici
 
 def _validate(families, *, model, weights, max_scales, overrides, method, samples, lightning, threads, log
               ) -> ValidationReport:
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     started = time.perf_counter()
     report = ValidationReport()

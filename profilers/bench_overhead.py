@@ -40,7 +40,7 @@ import time
 import torch
 
 from var_core.engine import NULL_TRACER, GenerationOptions, SamplingConfig, generate
-from var_core.models.zoo import load_model
+from var_core.zoo import load_model
 
 from .timers import ComponentTimer
 from .torch_profiler import RecordFunctionTracer

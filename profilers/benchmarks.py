@@ -7,11 +7,11 @@
 
 Timing discipline: warm-up runs discarded; variants interleaved run by run (so machine noise hits all of them
 alike); medians over repeats; the VQ decoder is outside the timed region unless ``--with-decode``. These are
-benchmarks, not tests: the machines are shared and noisy, so read ratios, not absolute seconds. Both take the
-parsed command line of ``studies.bench`` (an object with its options as attributes) and print their tables.
+benchmarks, not tests: the machines are shared and noisy, so read ratios, not absolute seconds. Both take a loaded
+model (``studies.bench`` loads it with the study options) and print their tables.
 
-Presets benchmark. Per preset: analytic FLOPs ratio (transformer + head, from the kept-token counts the run actually used),
-wall-clock ratio (median of interleaved repeats, warm-up discarded, VQ decode outside the timed region),
+Presets benchmark. Per preset: analytic FLOPs ratio (transformer + head, from the kept-token counts the run
+actually used), wall-clock ratio (median of interleaved repeats, warm-up discarded, VQ decode outside the timed region),
 measured speedup / FLOPs-ideal speedup, and two time shares measured with ``profilers.timers.ComponentTimer``:
 ``scoring`` — the components' own work (scorer spans and predictive-entropy computations: softmax/entropy,
 top-k, maps) — and ``lens`` — the head projections of NOVA's logit lens, which are model FLOPs (counted in the
@@ -37,6 +37,11 @@ from typing import Callable
 
 import torch
 
+from profilers.flops import count_flops
+from profilers.latency_report import conditions_for
+from profilers.timers import ComponentTimer
+from var_core.accel import PolicyConfig, build_policy
+from var_core.accel.presets import PRESETS, get_preset
 from var_core.engine import GenerationOptions, Policy, SamplingConfig, ScalePlan, Tracer, generate
 from var_core.engine.reference_loop import reference_generate
 
@@ -99,34 +104,23 @@ def environment_line(adapter, batch_size: int) -> str:
             f"threads={torch.get_num_threads()} torch={torch.__version__} dtype=float32 attention=sdpa")
 
 
-def load_bench_model(args):
-    """The model of ``--model`` with ``--weights --vae-weights --text-encoder`` (studies._model_cli)."""
-    from ablations.runner import load_study_model
-
-    return load_study_model(args.model, getattr(args, "weights", None), vae_weights=getattr(args, "vae_weights", None),
-                            text_encoder=getattr(args, "text_encoder", None), seed=args.seed)
-
-
-def bench_sampling(args, sampling: SamplingConfig) -> SamplingConfig:
-    """``sampling`` with ``--cfg --top-k --top-p --temperature`` applied."""
-    import dataclasses
-
-    from ablations.runner import sampling_overrides
+def bench_sampling(sampling: SamplingConfig, overrides: dict) -> SamplingConfig:
+    """``sampling`` with ``overrides`` (``--cfg --top-k --top-p --temperature`` as set) applied; a value out of range
+    is a :class:`~var_core.errors.UserError`."""
     from var_core.errors import UserError
 
-    overrides = sampling_overrides(args)
     try:
         return dataclasses.replace(sampling, **overrides) if overrides else sampling
     except ValueError as exc:
         raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
 
 
-def save_bench_images(args, adapter, arm: str, conditions, seeds, sampling, policy=None, prompt_set=None) -> None:
-    """``--save-images [DIR]``: one untimed, decoded generation (same conditions and seeds as the timed ones),
-    written in the evaluators' layouts under DIR or ``results/bench/<command>_<model>/``."""
-    if getattr(args, "save_images", None) is None:
+def save_bench_images(root: Path | None, adapter, arm: str, conditions, seeds, sampling, policy=None,
+                      prompt_set=None) -> None:
+    """``--save-images``: one untimed, decoded generation (same conditions and seeds as the timed ones), written in
+    the evaluators' layouts under ``root`` (None: nothing is generated or written)."""
+    if root is None:
         return
-    from ablations.runner import images_root
     from var_core.eval.export import export_images
     from var_core.eval.lightning import ConditionSet
 
@@ -138,20 +132,21 @@ def save_bench_images(args, adapter, arm: str, conditions, seeds, sampling, poli
         condition_set = ConditionSet(tuple(int(v) for v in conditions.tolist()))
     else:
         condition_set = ConditionSet.from_prompts(list(conditions))
-    default = Path("results") / "bench" / f"{args.what}_{str(args.model).replace(':', '-')}"
-    out = export_images(images_root(args.save_images, default), arm, result.images, condition_set, seeds=seeds,
-                        prompt_metadata=meta)
+    out = export_images(root, arm, result.images, condition_set, seeds=seeds, prompt_metadata=meta)
     print(f"# images: {out['images']} PNGs of {arm} in {out['folder']}", file=sys.stderr)
 
 
-def bench_engine(args) -> int:
-    adapter = load_bench_model(args)
-    sampling = bench_sampling(args, SamplingConfig(cfg=1.5, top_k=900, top_p=0.96))
-    options = GenerationOptions(check_finite=False, decode=args.with_decode, keep_raw_logits=False)
-    from var_core.accel import PolicyConfig, build_policy
+#: the engine benchmark's sampling (VAR's official setting) before ``--cfg --top-k --top-p --temperature``
+ENGINE_SAMPLING = SamplingConfig(cfg=1.5, top_k=900, top_p=0.96)
 
+
+def bench_engine(adapter, sampling: SamplingConfig, batch_sizes, repeats: int, with_decode: bool = False,
+                 images_root: Path | None = None) -> int:
+    """The engine benchmark (module docstring) on a loaded VAR-family ``adapter``, per batch size; prints its
+    tables and the ``engine_vs_reference=… half_prune_time_ratio=… half_prune_flops_ratio=…`` line."""
+    options = GenerationOptions(check_finite=False, decode=with_decode, keep_raw_logits=False)
     noop_accel = build_policy(PolicyConfig(name="baseline"))
-    for batch_size in args.batch_sizes:
+    for batch_size in batch_sizes:
         print(environment_line(adapter, batch_size))
         labels = torch.arange(batch_size) % adapter.cfg.num_classes
         seeds = list(range(batch_size))
@@ -159,7 +154,7 @@ def bench_engine(args) -> int:
 
         def reference():
             with torch.inference_mode():
-                if args.with_decode:
+                if with_decode:
                     return reference_generate(adapter.var, adapter.vae, labels, sampling, gens())
                 return _reference_no_decode(adapter, labels, sampling, gens())
 
@@ -169,7 +164,7 @@ def bench_engine(args) -> int:
             "engine, composed no-op policy": lambda: generate(adapter, labels, seeds, sampling, policy=noop_accel,
                                                               options=options),
         }
-        times = interleaved_medians(variants, args.repeats)
+        times = interleaved_medians(variants, repeats)
         ref = statistics.median(times["reference (official algorithm)"])
         print(f"{'variant':36s} {'median s':>9s} {'min s':>8s} {'ratio':>7s}")
         for name, values in times.items():
@@ -178,7 +173,7 @@ def bench_engine(args) -> int:
 
         clocks = {"dense": ScaleClock(), "half": ScaleClock()}
         last_times = {"dense": [], "half": []}
-        for _ in range(args.repeats + 1):
+        for _ in range(repeats + 1):
             for name, policy in (("dense", None), ("half", PruneLastScaleHalf())):
                 result = generate(adapter, labels, seeds, sampling, policy=policy, tracer=clocks[name],
                                   options=options)
@@ -192,7 +187,7 @@ def bench_engine(args) -> int:
         engine_ratio = statistics.median(times["engine, empty slots"]) / ref
         print(f"engine_vs_reference={engine_ratio:.3f} half_prune_time_ratio={half_t / dense_t:.3f} "
               f"half_prune_flops_ratio={flops_ratio:.3f}")
-        save_bench_images(args, adapter, f"engine_b{batch_size}", labels, seeds, sampling)
+        save_bench_images(images_root, adapter, f"engine_b{batch_size}", labels, seeds, sampling)
     return 0
 
 
@@ -225,25 +220,18 @@ def _progress(message: str) -> None:
     print(f"[bench presets {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def bench_presets(args) -> int:
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-    from studies.bench import bench_sampling, load_bench_model, save_bench_images
-
-    adapter = load_bench_model(args)
-    sampling = bench_sampling(args, getattr(adapter, "default_sampling", SamplingConfig()))
+def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: int, presets=None, prompt_set=None,
+                  images_root: Path | None = None) -> int:
+    """The presets benchmark (module docstring) on a loaded ``adapter``: ``presets`` (default: all; ``baseline`` is
+    always added), ``prompt_set`` (text-to-image: sample ``i`` on prompt ``i mod P``); prints the table, progress on
+    stderr."""
     options = GenerationOptions(check_finite=False, decode=False, keep_raw_logits=True)
-    names = args.presets or sorted(PRESETS)
+    names = presets or sorted(PRESETS)
     if "baseline" not in names:
         names = ["baseline"] + names
-    B = args.batch_size
+    B = batch_size
     labels = torch.arange(B) % adapter.cfg.num_classes
-    prompt_set = None
-    if getattr(args, "prompts", None) is not None:  # text-to-image prompt set: sample i on prompt i mod P
-        from studies.latency import conditions_for
-        from var_core.eval.prompts import load_prompt_set
-
-        prompt_set = load_prompt_set(args.prompts)
+    if prompt_set is not None:  # text-to-image prompt set: sample i on prompt i mod P
         labels = conditions_for(adapter, B, 0, prompt_set)
     seeds = list(range(1000, 1000 + B))
     policies = {name: build_policy(get_preset(name)) for name in names}
@@ -257,8 +245,8 @@ def bench_presets(args) -> int:
 
     variants = {name: (lambda p=policy: generate(adapter, labels, seeds, sampling, policy=p, options=options))
                 for name, policy in policies.items()}
-    _progress(f"timing {len(variants)} presets x {args.repeats} interleaved repeats")
-    times = interleaved_medians(variants, args.repeats, warmup=0)
+    _progress(f"timing {len(variants)} presets x {repeats} interleaved repeats")
+    times = interleaved_medians(variants, repeats, warmup=0)
 
     scoring_share, lens_share = {}, {}
     for name in names:
@@ -288,7 +276,7 @@ def bench_presets(args) -> int:
         print(f"{name:10s} {f_ratio:11.3f} {ideal:8.2f} {t:8.3f} {t / base_t:10.3f} {measured:10.2f} "
               f"{ratios[name]:10.2f} {100 * scoring_share[name]:8.2f}% {100 * lens_share[name]:6.2f}%  {tokens}")
     for name in names:  # --save-images: one untimed decoded generation per preset, after the measurements
-        save_bench_images(args, adapter, f"{name}_b{B}", labels, seeds, sampling, policies[name], prompt_set)
+        save_bench_images(images_root, adapter, f"{name}_b{B}", labels, seeds, sampling, policies[name], prompt_set)
     pruning = [n for n in names if n in TOKEN_PRUNING and flops[n] < 0.99 * base_f]
     worst = min((ratios[n] for n in pruning), default=float("nan"))
     entropy = scoring_share.get("nova", float("nan"))

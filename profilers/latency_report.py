@@ -1,10 +1,11 @@
 """The latency report of ``python -m studies.latency`` (and ``studies.gpucheck``): timing protocol, summary rows,
 per-scale tables, the breakdown of one scale, the markdown report and its files.
 
-:func:`run_latency` takes a :class:`LatencySettings` and writes ``report.md``, ``summary.csv``, ``repeats.csv``,
-``per_scale.csv``, ``report.json``, the figures (:mod:`profilers.latency_plots`, :func:`profilers.breakdown.
-write_breakdown`) and, with ``profile``, a torch.profiler trace. :func:`arch_flops_table` is the arch-only FLOPs
-table of ``--arch-flops`` (nothing loaded or run).
+:func:`report_latency` takes a :class:`LatencySettings` and a loaded model (``studies.latency.run_latency`` loads it:
+this layer does not import ``ablations``) and writes ``report.md``, ``summary.csv``, ``repeats.csv``,
+``per_scale.csv``, ``report.json``, the figures (:mod:`profilers.latency_plots`,
+:func:`profilers.breakdown.write_breakdown`) and, with ``profile``, a torch.profiler trace.
+:func:`arch_flops_table` is the arch-only FLOPs table of ``--arch-flops`` (nothing loaded or run).
 
 Measurement protocol (DESIGN.md "Measure honestly"): ``--warmup`` generations per method and batch size discarded;
 then ``--repeats`` rounds, each running every method once in a seeded shuffled order (machine noise hits all
@@ -47,6 +48,7 @@ PROMPTS = (
     "a watercolor of a mountain lake", "a close-up of a sunflower with a bee",
 )
 MIB = 1024 ** 2
+REFERENCE = "baseline"  # the method every speedup and FLOPs ratio is taken against
 #: the measurement protocol, as the ``studies.latency --help`` text states it
 PROTOCOL = __doc__[__doc__.index("Measurement protocol"):].strip()
 
@@ -130,39 +132,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def resolve_sampling(adapter, model: str, weights: str | None):
-    from var_core.engine import SamplingConfig
-
-    default = getattr(adapter, "default_sampling", None)
-    if isinstance(default, SamplingConfig):
-        return default
-    if model.removeprefix("random:") == "testbed":
-        from var_core.models.zoo import TESTBED_DIR
-
-        card = Path(weights) / "testbed.json" if weights else TESTBED_DIR / "testbed.json"
-        try:
-            data = json.loads(card.read_text()).get("default_sampling")
-            if data:
-                names = {f.name for f in dataclasses.fields(SamplingConfig)}
-                return SamplingConfig(**{k: v for k, v in data.items() if k in names})
-        except (OSError, ValueError, TypeError):
-            pass
-    return SamplingConfig()
-
-
-def _with_overrides(sampling, settings: LatencySettings):
-    """``--cfg --top-k --top-p --temperature`` over the model's default sampling."""
-    from ablations.runner import sampling_overrides
-
-    overrides = sampling_overrides(settings)
-    if not overrides:
-        return sampling
-    try:
-        return dataclasses.replace(sampling, **overrides)
-    except ValueError as exc:
-        raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
-
-
 def conditions_for(adapter, batch: int, seed: int, prompts=None):
     """Prompts (Infinity: the text encoder runs inside the timed call, in its own span) or class labels.
     ``prompts``: a :class:`~var_core.eval.prompts.PromptSet` (``--prompts``), sample ``i`` on prompt ``i mod P``."""
@@ -192,9 +161,10 @@ def _prompt_set(settings: LatencySettings):
 _PROMPT_SETS: dict = {}
 
 
-def _save_images(settings: LatencySettings, adapter, arm: str, images, batch: int, prompt_set, log) -> None:
-    """``--save-images``: the reference generation of one method and batch (samples 0..B-1, seeds seed+i)."""
-    from ablations.runner import images_root
+def _save_images(settings: LatencySettings, adapter, arm: str, images, batch: int, prompt_set, root: Path,
+                 log) -> None:
+    """``--save-images``: the reference generation of one method and batch (samples 0..B-1, seeds seed+i), written
+    under ``root`` in the evaluators' layouts."""
     from var_core.eval.export import export_images
     from var_core.eval.lightning import ConditionSet
 
@@ -208,7 +178,6 @@ def _save_images(settings: LatencySettings, adapter, arm: str, images, batch: in
         labels = conditions_for(adapter, batch, settings.seed)
         conditions = ConditionSet(tuple(int(v) for v in labels), settings.seed)
         meta = None
-    root = images_root(settings.save_images, default_out_dir(settings, adapter.model_name))
     out = export_images(root, arm, images, conditions, prompt_metadata=meta,
                         seeds=list(range(settings.seed, settings.seed + batch)))
     log(f"  images: {out['images']} PNGs of {arm} in {out['folder']}")
@@ -336,8 +305,9 @@ def _reference_run(adapter, conditions, seeds, sampling, policy, options, device
 
 
 def measure(adapter, methods: list[str], batch: int, settings: LatencySettings, sampling, device,
-            log=print) -> dict[str, MethodRun]:
-    """Warm-up, reference run and interleaved timed rounds for every method at one batch size."""
+            log=print, images_root: Path | None = None) -> dict[str, MethodRun]:
+    """Warm-up, reference run and interleaved timed rounds for every method at one batch size (``images_root``:
+    where the reference runs' images go, ``--save-images``; None: not saved)."""
     from var_core.accel import build_policy
     from var_core.accel.presets import get_preset
     from var_core.engine import GenerationOptions
@@ -351,8 +321,8 @@ def measure(adapter, methods: list[str], batch: int, settings: LatencySettings, 
     for name in methods:
         result = _reference_run(adapter, conditions, seeds, sampling, policies[name], options, device, batch,
                                 runs[name])
-        if settings.save_images is not None and result.images is not None:
-            _save_images(settings, adapter, f"{name}_b{batch}", result.images, batch, prompt_set, log)
+        if images_root is not None and result.images is not None:
+            _save_images(settings, adapter, f"{name}_b{batch}", result.images, batch, prompt_set, images_root, log)
     for w in range(settings.warmup):
         for name in methods:
             _timed_run(adapter, conditions, seeds, sampling, policies[name], options, device)
@@ -660,41 +630,44 @@ def default_out_dir(settings: LatencySettings, model: str) -> Path:
         f"{model.replace(':', '-')}_{settings.method}_b{'-'.join(map(str, batch_sizes(settings)))}")
 
 
-def run_latency(settings: LatencySettings, command: str | None = None, log=print) -> dict:
-    """Run the study (see the module docstring); ``--threads`` is restored to its previous value afterwards."""
-    previous_threads = torch.get_num_threads()
-    try:
-        return _run_latency(settings, command, log)
-    finally:
-        if torch.get_num_threads() != previous_threads:
-            torch.set_num_threads(previous_threads)
+def latency_device(settings: LatencySettings) -> str:
+    """``settings.device``, else ``cuda`` when torch sees a GPU, else ``cpu``."""
+    return settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _run_latency(settings: LatencySettings, command: str | None, log) -> dict:
-    import pandas as pd
-
-    from ablations.runner import load_study_model, resolve_model
-    from profilers.breakdown import write_breakdown
+def latency_methods(settings: LatencySettings) -> tuple[list[str], list[str]]:
+    """``(methods, notes)``: ``method``, then ``compare``, then ``baseline`` (the speedup reference) when it is not
+    among them, with a note saying so. Checks the counts and every preset name, so a mistake fails before anything is
+    loaded (``ValueError``; an unknown preset is a :class:`~var_core.errors.UserError` with a did-you-mean)."""
+    from var_core.accel.presets import get_preset
 
     if settings.repeats < 1 or settings.warmup < 0 or settings.batch_size < 1 or settings.throughput_batch < 0:
         raise ValueError("need --repeats >= 1, --warmup >= 0, --batch-size >= 1, --throughput-batch >= 0")
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, settings.dtype)
-    model, _, notes = resolve_model(settings.model, settings.weights)
     methods = [settings.method] + [m for m in settings.compare if m != settings.method]
-    reference = "baseline"
-    if reference not in methods:
-        methods.append(reference)
-        notes.append("`baseline` added as the speedup reference")
-    from var_core.accel.presets import get_preset
-
+    notes = []
+    if REFERENCE not in methods:
+        methods.append(REFERENCE)
+        notes.append(f"`{REFERENCE}` added as the speedup reference")
     for m in methods:
         get_preset(m)  # unknown names fail before anything runs
-    adapter = load_study_model(model, settings.weights, vae_weights=settings.vae_weights,
-                               text_encoder=settings.text_encoder, device=device, dtype=dtype, seed=settings.seed)
-    sampling = _with_overrides(resolve_sampling(adapter, model, settings.weights), settings)
+    return methods, notes
+
+
+def report_latency(settings: LatencySettings, adapter, model: str, sampling, *, notes=(),
+                   images_root: Path | None = None, command: str | None = None, log=print) -> dict:
+    """Measure every method of :func:`latency_methods` on the loaded ``adapter`` (zoo name ``model``) with
+    ``sampling`` and write the report (the module docstring says what and how). ``notes``: lines quoted at the top
+    of the report (the model's, then the methods'); ``images_root``: where ``--save-images`` writes (None: no images).
+    Returns ``{"out", "paths", "summary", "figures"}``. Threads are the caller's (``studies.latency`` sets
+    ``--threads`` before loading the model and restores them)."""
+    import pandas as pd
+
+    from profilers.breakdown import write_breakdown
+
+    methods, method_notes = latency_methods(settings)
+    notes = list(notes) + method_notes
+    reference = REFERENCE
+    device = latency_device(settings)
     _prompt_set(settings)  # a prompt file that does not read fails before anything is measured
     batches = batch_sizes(settings)
     out = default_out_dir(settings, model)
@@ -707,7 +680,7 @@ def _run_latency(settings: LatencySettings, command: str | None, log) -> dict:
 
     all_runs: dict[int, dict[str, MethodRun]] = {}
     for batch in batches:
-        all_runs[batch] = measure(adapter, methods, batch, settings, sampling, device, log)
+        all_runs[batch] = measure(adapter, methods, batch, settings, sampling, device, log, images_root)
     env["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
     summaries = {b: summary_rows(runs, reference) for b, runs in all_runs.items()}
@@ -828,7 +801,7 @@ def arch_flops_table(model: str, text_len: int = 64, batch: int = 1, guidance: b
 
     from profilers.flops import count_record_flops, dense_records, infinity_arch, var_arch
     from var_core.engine import GuidanceMode
-    from var_core.models.zoo import INFINITY_SPECS, ZOO
+    from var_core.zoo import INFINITY_SPECS, ZOO
 
     base = model.removeprefix("random:")
     if base in INFINITY_SPECS and INFINITY_SPECS[base].config is not None:

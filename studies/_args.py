@@ -101,7 +101,7 @@ def preset_name(text: str) -> str:
 
 def model_name(text: str) -> str:
     """A zoo model (``testbed``, ``var-d16``, ``random:var-d16``, …), with a did-you-mean."""
-    from var_core.models.zoo import check_model_name
+    from var_core.zoo import check_model_name
 
     try:
         return check_model_name(text)

@@ -8,11 +8,10 @@ its traceback.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Callable
 
-from var_core.errors import UserError
+from var_core.errors import UserError, run_command
 
 _RESULTS_FOLDERS: list[Path] = []
 
@@ -30,14 +29,11 @@ def fail(message: str) -> UserError:
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Run ``main(argv)`` under the user-error convention and return its exit status."""
-    try:
-        return int(main(argv) or 0)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        kept = ", ".join(str(p) for p in _RESULTS_FOLDERS)
-        where = f" finished work is kept in {kept}; re-run the same command to resume." if kept else ""
-        print(f"\ninterrupted.{where}", file=sys.stderr)
-        return 130
+    """Run ``main(argv)`` under the user-error convention and return its exit status (Ctrl-C names the results
+    folders registered with :func:`note_results_folder`)."""
+
+    def kept() -> str:
+        folders = ", ".join(str(p) for p in _RESULTS_FOLDERS)
+        return f" finished work is kept in {folders}; re-run the same command to resume." if folders else ""
+
+    return run_command(main, argv, kept)

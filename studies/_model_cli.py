@@ -3,7 +3,7 @@
 ``add_model_arguments(parser)`` adds::
 
     --weights PATH        transformer weights: a folder holding the official downloads, a Hugging Face cache
-                          folder (models--org--name), or the file itself (var_core.models.zoo.resolve_weight_files)
+                          folder (models--org--name), or the file itself (var_core.zoo.resolve_weight_files)
     --vae-weights PATH    the VAE file (or a folder holding it), when it is not beside the transformer
     --text-encoder DIR    Infinity: a flan-t5-xl folder or its Hugging Face cache folder models--google--flan-t5-xl
     --cfg --top-k --top-p --temperature

@@ -7,6 +7,7 @@
     python -m studies.ablate ls families                  # each family, the paper table it reproduces, its arms
     python -m studies.ablate ls presets                   # each preset's description and resolved setting
     python -m studies.ablate ls metrics --clip-weights DIR  # every metric: direction, weights, can it run here
+    python -m studies.ablate ls models                    # every zoo entry: files needed, scale schedule, tokens
     python -m studies.ablate validate                     # build + run every arm of every family on official-tiny
 
 Re-running with the same ``--out`` reuses the finished arms (same config, model, sampling and samples) and computes
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", help="an ablation family, 'ls' or 'validate'")
     parser.add_argument("topic", nargs="?", default=None,
-                        help="ls only: families, components or presets (default: all of them)")
+                        help="ls only: families, components, presets, metrics or models (default: all of them)")
     parser.add_argument("--model", default=None, type=model_name,
                         help="model name (default: testbed when its weights are shipped, else official-tiny)")
     add_model_arguments(parser)  # --weights --vae-weights --text-encoder --cfg --top-k --top-p --temperature
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "arms interleaved (speedups robust to load changes on a shared machine; 0: off)")
     parser.add_argument("--timing-batch", type=positive_int, default=1,
                         help="batch size of the interleaved re-timing (default 1: the latency regime)")
+    parser.add_argument("--retime", action="store_true",
+                        help="re-measure the interleaved re-timing even when the results folder has one of the same "
+                             "arms and settings (a resume reuses it otherwise; timing_interleaved.json records when "
+                             "and why it was measured)")
     parser.add_argument("--threads", default="auto", type=threads_setting,
                         help="intra-op threads per process: N, 'torch' (torch's default; DDP on CPU: cores / "
                              "processes) or 'auto' (default: torch's unless the load average shows other jobs on the "
@@ -109,84 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-LS_TOPICS = ("families", "components", "presets", "metrics")
-
-
-def _ls_families() -> None:
-    from ablations.base import build_arms, family_info, family_names
-
-    print("Ablation families (python -m studies.ablate FAMILY):")
-    for name in family_names():
-        info = family_info(name)
-        print(f"  {name:<11} {info.doc}")
-        print(f"  {'':<11} reproduces: {info.table or 'no paper table (beyond the papers)'}")
-        try:
-            arms = build_arms(name)
-            bad = [a for a in arms if not a.ok]
-            print(f"  {'':<11} arms: {', '.join(a.name for a in arms)}")
-            for arm in bad:
-                print(f"  {'':<11} unavailable: {arm.name}: {arm.error}")
-        except Exception as exc:  # noqa: BLE001
-            print(f"  {'':<11} ERROR building arms: {exc}")
-        if info.analysis is not None:
-            doc = (info.analysis.__doc__ or "").strip().splitlines()
-            print(f"  {'':<11} analysis: {doc[0] if doc else info.analysis.__name__}")
-
-
-def _ls_components() -> None:
-    from var_core.accel.registry import REGISTRIES
-
-    print("Components per registry:")
-    for kind, registry in REGISTRIES.items():
-        print(f"  {kind}:")
-        for name in registry.names():
-            print(f"    {name:<20} {registry.summary(name)}")
-
-
-def _ls_presets() -> None:
-    import inspect
-
-    from var_core.accel import presets
-
-    resolved = getattr(presets, "resolved_settings", None)
-    print("Presets (python -m studies.ablate method runs them all):")
-    for name, fn in presets.PRESETS.items():
-        doc = inspect.cleandoc(fn.__doc__ or "").splitlines() or [""]
-        print(f"  {name}")
-        for line in doc:
-            print(f"      {line}".rstrip())
-        if resolved is not None:
-            try:
-                settings = resolved(name)
-            except Exception as exc:  # noqa: BLE001 - reported, the listing goes on
-                settings = {"*": f"cannot resolve: {type(exc).__name__}: {exc}"}
-            print("      resolved setting per model family:")
-            for family, text in settings.items():
-                print(f"        {family}: {text}")
-        print()
-
-
-def _ls_metrics(args=None) -> None:
-    """Every metric (var_core.eval.metric_registry): direction, proxy flag, weights source, what enables it and
-    whether it can run with the weights given on this command line."""
-    from var_core.eval.metric_registry import describe_metrics
-
-    print("\n".join(describe_metrics(args)))
-
-
 def cmd_ls(topic: str | None = None, args=None) -> int:
-    """``ls`` (everything), ``ls families`` (each with the paper table it reproduces and its arms), ``ls components``,
-    ``ls presets`` (each preset's full description and its resolved setting per model family)."""
-    from var_core.errors import UserError, did_you_mean
+    """``ls`` (everything) or ``ls TOPIC``: :func:`ablations.listing.listing` (families with the paper table each
+    reproduces, components, presets with their whole description, metrics, models)."""
+    from ablations.listing import listing
 
-    if topic is not None and topic not in LS_TOPICS:
-        raise UserError(f"unknown ls topic {topic!r}.{did_you_mean(topic, LS_TOPICS)} Topics: {', '.join(LS_TOPICS)}")
-    shown = [t for t in LS_TOPICS if topic in (None, t)]
-    for i, t in enumerate(shown):
-        if i:
-            print()
-        {"families": _ls_families, "components": _ls_components, "presets": _ls_presets,
-         "metrics": lambda: _ls_metrics(args)}[t]()
+    print(listing(topic, args))
     return 0
 
 
@@ -221,7 +154,7 @@ def cmd_family(args) -> int:
         image_reward_weights=args.image_reward_weights, hps_weights=args.hps_weights, lpips_backbone=args.lpips_backbone,
         lpips_lin=args.lpips_lin, lpips_net=args.lpips_net, fid_protocol=args.fid_protocol, plots=not args.no_plots,
         threads=args.threads, timing_rounds=args.timing_rounds,
-        timing_batch=args.timing_batch, **model_settings(args))
+        timing_batch=args.timing_batch, retime=args.retime, **model_settings(args))
     try:
         plan = plan_study(options)
     except (OverrideError, ValueError, KeyError) as exc:
@@ -234,42 +167,9 @@ def cmd_family(args) -> int:
 
     if is_secondary_rank():  # rank 0 wrote the records and prints the summary
         return 0
-    print()
-    table = result.out_dir / "table.md"
-    if table.is_file():
-        text = table.read_text().splitlines()
-        start = next((i for i, line in enumerate(text) if line.startswith("| arm")), None)
-        if start is not None:
-            end = start
-            while end < len(text) and text[end].startswith("|"):
-                end += 1
-            print("\n".join(text[start:end]))
-            print()
-    o = result.outputs
-    print(f"done in {result.seconds:.1f} s: {len(result.computed)} arms computed, {len(result.reused)} reused"
-          + (f", {len(result.unavailable)} unavailable" if result.unavailable else ""))
-    print(f"results folder : {result.out_dir}")
-    print(f"  manifest     : {result.out_dir / 'study.json'}")
-    print(f"  arm records  : {result.out_dir / 'arms'}/*.json ({len(result.records)})")
-    print(f"  table        : {o.get('markdown')}  and  {o.get('csv')}")
-    for name, path in (o.get("plots") or {}).items():
-        print(f"  plot         : {path}")
-    grids = o.get("grids") or {}
-    if grids:
-        print(f"  sample grids : {result.out_dir / 'grids'} ({len(grids)} files; overview.png: one row per arm, "
-              f"same seeds)")
-    if options.save_images is not None:
-        from ablations.runner import images_root
+    from ablations.listing import study_summary
 
-        print(f"  images       : {images_root(options.save_images, result.out_dir) / 'images'}/<arm>/ (flat/, "
-              f"geneval/ or samples.npz, samples.jsonl)")
-    if o.get("wandb"):
-        print(f"  W&B ({options.wandb}) : {o['wandb']}" + ("  (sync later: wandb sync " + o["wandb"] + ")"
-                                                          if options.wandb == "offline" else ""))
-    elif o.get("wandb_error"):
-        print(f"  W&B          : failed ({o['wandb_error']})")
-    else:
-        print("  W&B          : disabled")
+    print(study_summary(result, options))
     return 0
 
 
@@ -279,6 +179,8 @@ def main(argv=None) -> int:
         return cmd_ls(args.topic, args)
     if args.topic is not None:
         from var_core.errors import UserError
+
+        from ablations.listing import LS_TOPICS
 
         raise UserError(f"unexpected argument {args.topic!r} after {args.command!r} (only 'ls' takes a topic: "
                         f"{', '.join(LS_TOPICS)})")

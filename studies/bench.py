@@ -13,196 +13,37 @@ These are benchmarks, not tests: the machines are shared and noisy, so read rati
 
 from __future__ import annotations
 
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 
+from profilers.benchmarks import ENGINE_SAMPLING, bench_engine, bench_presets, bench_sampling
 from studies._args import ArgumentParser, model_name, positive_int, preset_name
 from studies._cli import run_cli
 from studies._model_cli import add_model_arguments
-from var_core.engine import GenerationOptions, Policy, SamplingConfig, ScalePlan, Tracer, generate
-from var_core.engine.reference_loop import reference_generate
+from var_core.engine import SamplingConfig
 
 
-class ScaleClock(Tracer):
-    """Wall-clock per scale (CPU: perf_counter is exact after each op returns; no CUDA here)."""
+def run_bench(args) -> int:
+    """Load ``--model`` (``--weights --vae-weights --text-encoder``), its sampling with ``--cfg --top-k --top-p
+    --temperature`` and ``--prompts``, then :func:`profilers.benchmarks.bench_engine` or
+    :func:`~profilers.benchmarks.bench_presets`. Images (``--save-images [DIR]``) go to DIR or
+    ``results/bench/<command>_<model>/``."""
+    from ablations.runner import images_root, load_prompts, load_study_model, sampling_overrides
 
-    enabled = True
-
-    def __init__(self):
-        self.per_scale: dict[int, float] = {}
-        self._t0 = 0.0
-
-    def scale_begin(self, scale):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self._t0 = time.perf_counter()
-
-    def scale_end(self, scale):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.per_scale[scale] = time.perf_counter() - self._t0
-
-
-class PruneLastScaleHalf(Policy):
-    """Benchmark policy: keeps every other token of the last scale (a fixed, score-free plan)."""
-
-    name = "half_last_scale"
-
-    def plan_scale(self, ctx):
-        return ScalePlan(prune=ctx.is_last)
-
-    def plan_block(self, ctx, block, branch, x_RNC):
-        keep = torch.arange(0, ctx.num_tokens, 2, device=x_RNC.device)
-        return keep.expand(x_RNC.shape[0], -1)
-
-
-def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(warmup):
-        for fn in variants.values():
-            fn()
-    for _ in range(repeats):
-        for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def environment_line(adapter, batch_size: int) -> str:
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
-    return (f"# model={getattr(adapter, 'model_name', '?')} batch={batch_size} device={device} "
-            f"threads={torch.get_num_threads()} torch={torch.__version__} dtype=float32 attention=sdpa")
-
-
-def load_bench_model(args):
-    """The model of ``--model`` with ``--weights --vae-weights --text-encoder`` (studies._model_cli)."""
-    from ablations.runner import load_study_model
-
-    return load_study_model(args.model, getattr(args, "weights", None), vae_weights=getattr(args, "vae_weights", None),
-                            text_encoder=getattr(args, "text_encoder", None), seed=args.seed)
-
-
-def bench_sampling(args, sampling: SamplingConfig) -> SamplingConfig:
-    """``sampling`` with ``--cfg --top-k --top-p --temperature`` applied."""
-    import dataclasses
-
-    from ablations.runner import sampling_overrides
-    from var_core.errors import UserError
-
-    overrides = sampling_overrides(args)
-    try:
-        return dataclasses.replace(sampling, **overrides) if overrides else sampling
-    except ValueError as exc:
-        raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
-
-
-def save_bench_images(args, adapter, arm: str, conditions, seeds, sampling, policy=None, prompt_set=None) -> None:
-    """``--save-images [DIR]``: one untimed, decoded generation (same conditions and seeds as the timed ones),
-    written in the evaluators' layouts under DIR or ``results/bench/<command>_<model>/``."""
-    if getattr(args, "save_images", None) is None:
-        return
-    from ablations.runner import images_root
-    from var_core.eval.export import export_images
-    from var_core.eval.lightning import ConditionSet
-
-    result = generate(adapter, conditions, seeds, sampling, policy=policy, options=GenerationOptions(decode=True))
-    meta = None
-    if prompt_set is not None:  # the prompt file's tags, categories and GenEval lines
-        condition_set, meta = prompt_set.conditions(len(seeds)), prompt_set.geneval_metadata
-    elif isinstance(conditions, torch.Tensor):
-        condition_set = ConditionSet(tuple(int(v) for v in conditions.tolist()))
-    else:
-        condition_set = ConditionSet.from_prompts(list(conditions))
-    default = Path("results") / "bench" / f"{args.what}_{str(args.model).replace(':', '-')}"
-    out = export_images(images_root(args.save_images, default), arm, result.images, condition_set, seeds=seeds,
-                        prompt_metadata=meta)
-    print(f"# images: {out['images']} PNGs of {arm} in {out['folder']}", file=sys.stderr)
-
-
-def bench_engine(args) -> int:
-    adapter = load_bench_model(args)
-    sampling = bench_sampling(args, SamplingConfig(cfg=1.5, top_k=900, top_p=0.96))
-    options = GenerationOptions(check_finite=False, decode=args.with_decode, keep_raw_logits=False)
-    from var_core.accel import PolicyConfig, build_policy
-
-    noop_accel = build_policy(PolicyConfig(name="baseline"))
-    for batch_size in args.batch_sizes:
-        print(environment_line(adapter, batch_size))
-        labels = torch.arange(batch_size) % adapter.cfg.num_classes
-        seeds = list(range(batch_size))
-        gens = lambda: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
-
-        def reference():
-            with torch.inference_mode():
-                if args.with_decode:
-                    return reference_generate(adapter.var, adapter.vae, labels, sampling, gens())
-                return _reference_no_decode(adapter, labels, sampling, gens())
-
-        variants = {
-            "reference (official algorithm)": reference,
-            "engine, empty slots": lambda: generate(adapter, labels, seeds, sampling, options=options),
-            "engine, composed no-op policy": lambda: generate(adapter, labels, seeds, sampling, policy=noop_accel,
-                                                              options=options),
-        }
-        times = interleaved_medians(variants, args.repeats)
-        ref = statistics.median(times["reference (official algorithm)"])
-        print(f"{'variant':36s} {'median s':>9s} {'min s':>8s} {'ratio':>7s}")
-        for name, values in times.items():
-            med = statistics.median(values)
-            print(f"{name:36s} {med:9.3f} {min(values):8.3f} {med / ref:7.3f}")
-
-        clocks = {"dense": ScaleClock(), "half": ScaleClock()}
-        last_times = {"dense": [], "half": []}
-        for _ in range(args.repeats + 1):
-            for name, policy in (("dense", None), ("half", PruneLastScaleHalf())):
-                result = generate(adapter, labels, seeds, sampling, policy=policy, tracer=clocks[name],
-                                  options=options)
-                last_times[name].append(clocks[name].per_scale[adapter.num_scales - 1])
-                kept = result.records[-1].kept_tokens
-        dense_t = statistics.median(last_times["dense"][1:])
-        half_t = statistics.median(last_times["half"][1:])
-        flops_ratio = _last_scale_block_flops(adapter, kept) / _last_scale_block_flops(adapter, None)
-        print(f"last scale, half the tokens kept: FLOPs ratio {flops_ratio:.3f}  measured time ratio "
-              f"{half_t / dense_t:.3f} ({half_t:.3f} s vs {dense_t:.3f} s)")
-        engine_ratio = statistics.median(times["engine, empty slots"]) / ref
-        print(f"engine_vs_reference={engine_ratio:.3f} half_prune_time_ratio={half_t / dense_t:.3f} "
-              f"half_prune_flops_ratio={flops_ratio:.3f}")
-        save_bench_images(args, adapter, f"engine_b{batch_size}", labels, seeds, sampling)
-    return 0
-
-
-def _reference_no_decode(adapter, labels, sampling, gens):
-    """The reference loop without its final decode (so both sides time the transformer only)."""
-    vae = adapter.vae
-    decode = vae.fhat_to_img
-    vae.fhat_to_img = lambda f: f  # noqa: E731 - temporarily bypass the decoder for timing
-    try:
-        return reference_generate(adapter.var, vae, labels, sampling, gens)
-    finally:
-        vae.fhat_to_img = decode
-
-
-def _last_scale_block_flops(adapter, kept_tokens) -> float:
-    """Analytic block FLOPs of the last scale (linear layers + attention over the cache) per network row."""
-    cfg = adapter.cfg
-    C, F = cfg.embed_dim, cfg.mlp_hidden
-    N = adapter.scale_hw[-1][0] * adapter.scale_hw[-1][1]
-    history = adapter.total_tokens - N
-    total = 0.0
-    for block in range(adapter.num_blocks):
-        n_attn, n_ffn = (N, N) if kept_tokens is None else kept_tokens[block]
-        keys = history + n_attn
-        total += n_attn * (2 * C * 3 * C + 2 * C * C) + 4 * n_attn * keys * C + n_ffn * 4 * C * F
-    return total
+    if args.what == "presets" and args.threads:
+        torch.set_num_threads(args.threads)
+    adapter = load_study_model(args.model, args.weights, vae_weights=args.vae_weights,
+                               text_encoder=args.text_encoder, seed=args.seed)
+    default_images = Path("results") / "bench" / f"{args.what}_{str(args.model).replace(':', '-')}"
+    images = images_root(args.save_images, default_images)
+    if args.what == "engine":
+        return bench_engine(adapter, bench_sampling(ENGINE_SAMPLING, sampling_overrides(args)), args.batch_sizes,
+                            args.repeats, with_decode=args.with_decode, images_root=images)
+    sampling = bench_sampling(getattr(adapter, "default_sampling", SamplingConfig()), sampling_overrides(args))
+    return bench_presets(adapter, sampling, args.batch_size, args.repeats, presets=args.presets,
+                         prompt_set=load_prompts(args.prompts), images_root=images)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,11 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     add_model_arguments(pre)  # --weights --vae-weights --text-encoder --cfg --top-k --top-p --temperature --prompts
     #                            --save-images (studies._model_cli)
     args = parser.parse_args(argv)
-    if args.what == "engine":
-        return bench_engine(args)
-    from studies.bench_presets import bench_presets
-
-    return bench_presets(args)
+    return run_bench(args)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     from var_core.eval.lightning import ConditionSet
     from var_core.eval.records import arm_slug
     from var_core.eval.stats import bootstrap_ci
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -11,7 +11,7 @@ from studies._args import ArgumentParser, existing_path, model_name, output_file
 from studies._cli import run_cli
 from var_core.engine import SamplingConfig, generate
 from var_core.eval.images import save_grid
-from var_core.models.zoo import load_model
+from var_core.zoo import load_model
 
 
 def main(argv=None) -> int:

@@ -88,7 +88,7 @@ def method_table(summary) -> list[dict]:
 
 def _resolution(model: str) -> tuple[int | str, int | str]:
     """(scales, image side in px) of an Infinity zoo model from its spec alone; ``"?"`` for other models."""
-    from var_core.models.zoo import INFINITY_SPECS
+    from var_core.zoo import INFINITY_SPECS
 
     spec = INFINITY_SPECS.get(model.removeprefix("random:"))
     if spec is None or spec.config is None or spec.vae_config is None:

@@ -27,11 +27,38 @@ from __future__ import annotations
 import argparse
 import sys
 
-from profilers.latency_report import PROTOCOL, LatencySettings, arch_flops_summary, run_latency
+import torch
+
+from profilers.latency_report import (PROTOCOL, LatencySettings, arch_flops_summary, default_out_dir, latency_device,
+                                      latency_methods, report_latency)
 from studies._args import (ArgumentParser, model_name, non_negative_int, positive_int, preset_name, results_folder,
                            torch_device)
 from studies._cli import run_cli
 from studies._model_cli import add_model_arguments, model_settings
+
+
+def run_latency(settings: LatencySettings, command: str | None = None, log=print) -> dict:
+    """The study: check the methods, load the model (``ablations.runner``: the default model, checkpoint paths,
+    the model's sampling with ``--cfg --top-k --top-p --temperature``), then
+    :func:`profilers.latency_report.report_latency`. ``--threads`` is restored to its previous value afterwards."""
+    from ablations.runner import images_root, load_study_model, resolve_model, resolve_sampling, sampling_overrides
+
+    latency_methods(settings)  # a bad count or an unknown preset fails before anything is loaded
+    previous_threads = torch.get_num_threads()
+    try:
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        model, _, notes = resolve_model(settings.model, settings.weights)
+        adapter = load_study_model(model, settings.weights, vae_weights=settings.vae_weights,
+                                   text_encoder=settings.text_encoder, device=latency_device(settings),
+                                   dtype=getattr(torch, settings.dtype), seed=settings.seed)
+        sampling = resolve_sampling(adapter, model, settings.weights, sampling_overrides(settings))
+        images = images_root(settings.save_images, default_out_dir(settings, adapter.model_name))
+        return report_latency(settings, adapter, model, sampling, notes=notes, images_root=images, command=command,
+                              log=log)
+    finally:
+        if torch.get_num_threads() != previous_threads:
+            torch.set_num_threads(previous_threads)
 
 
 def _arch_flops_main(args) -> int:

@@ -21,17 +21,21 @@ import torch
 
 from studies._cli import fail, run_cli
 
-ARCHS = ("infinity-2b", "infinity-8b")
+ARCHS = ("infinity-2b", "infinity-8b", "hart-0.7b")
 
 
 def _arch(model: str, text_len: int):
-    from profilers.flops import infinity_arch
+    from profilers.flops import hart_arch, infinity_arch
     from var_core.models.infinity import scale_schedule
-    from var_core.models.zoo import INFINITY_SPECS
+    from var_core.zoo import INFINITY_SPECS
 
     base = model.removeprefix("random:")
     if base not in ARCHS:
         raise fail(f"--model {model!r}: give one of {', '.join(ARCHS)} (or random:<name>)")
+    if base == "hart-0.7b":
+        from var_core.models.hart import HART_0P7B
+
+        return HART_0P7B, hart_arch(HART_0P7B, soft_codes=True)
     spec = INFINITY_SPECS[base]
     return spec, infinity_arch(spec.config, scale_schedule(spec.pn, 1.0, spec.num_scales), text_len=text_len)
 
@@ -43,7 +47,7 @@ def _proxy_adapter(spec, seed: int):
     from var_core.engine.adapters.infinity_adapter import InfinityAdapter
     from var_core.models.bsq_vae import BSQVAEConfig
     from var_core.models.text_encoder import RandomTextEncoder
-    from var_core.models.zoo import build_infinity_pair
+    from var_core.zoo import build_infinity_pair
 
     cfg = dataclasses.replace(spec.config, embed_dim=64, num_heads=2, text_channels=128, text_maxlen=64,
                               pool_heads=None)
@@ -57,7 +61,7 @@ def _proxy_adapter(spec, seed: int):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies.preset_flops", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="random:infinity-2b", help="infinity-2b or infinity-8b (weights not needed)")
+    p.add_argument("--model", default="random:infinity-2b", help="infinity-2b, infinity-8b or hart-0.7b (weights not needed)")
     p.add_argument("--presets", nargs="*", default=None, help="presets (default: all)")
     p.add_argument("--text-len", type=int, default=64, help="text tokens seen by cross-attention (default 64)")
     p.add_argument("--proxy", type=int, default=0, metavar="N",
@@ -94,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:18s}   n/a   adaptive plan (estimate it with --proxy N)")
             continue
         if proxy is None:
-            proxy = _proxy_adapter(spec, seed=0)
+            if args.model.removeprefix("random:") == "hart-0.7b":
+                from var_core.zoo import hart_proxy_adapter
+
+                proxy = hart_proxy_adapter(spec)
+            else:
+                proxy = _proxy_adapter(spec, seed=0)
         totals = []
         for i in range(args.proxy):
             result = generate(proxy, [i], seeds=[1000 + i], sampling=proxy.default_sampling,

@@ -31,7 +31,7 @@ def fixture_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_adapter(fixture_dir):
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     return load_model("official-tiny", weights=fixture_dir)
 

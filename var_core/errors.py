@@ -9,7 +9,8 @@ traceback. The project's specific errors (checkpoint, override, sweep, sensitivi
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+import sys
+from typing import Callable, Iterable
 
 
 class UserError(Exception):
@@ -23,3 +24,18 @@ def did_you_mean(name: str, choices: Iterable[str], n: int = 3, cutoff: float = 
     """`` Did you mean 'x' or 'y'?`` (with the leading space) for the closest ``choices``, or ``''``."""
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=n, cutoff=cutoff)
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None = None,
+                interrupted: Callable[[], str] = lambda: "") -> int:
+    """Run a command-line ``main(argv)`` under the convention: a :class:`UserError` prints ``error: ...`` and
+    returns 2, Ctrl-C prints ``interrupted.`` plus ``interrupted()`` (what was kept) and returns 130, anything else
+    is a bug of ours and keeps its traceback."""
+    try:
+        return int(main(argv) or 0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted.{interrupted()}", file=sys.stderr)
+        return 130

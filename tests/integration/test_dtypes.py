@@ -43,7 +43,7 @@ def test_half_precision_generation_runs_every_preset(fixture_dir):
     from var_core.accel.presets import PRESETS, get_preset
     from var_core.engine import SamplingConfig, generate
     from var_core.engine.loop import generation_info
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     sampling = SamplingConfig(cfg=1.5, top_k=20, top_p=0.9)
     for dtype in (torch.bfloat16, torch.float16):

@@ -15,7 +15,7 @@ from ablations.runner import StudyOptions, run_study  # noqa: E402
 from var_core.engine import SamplingConfig  # noqa: E402
 from var_core.eval import records as rec  # noqa: E402
 from var_core.eval.lightning import ConditionSet, run_generation  # noqa: E402
-from var_core.models.zoo import load_model  # noqa: E402
+from var_core.zoo import load_model  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -124,7 +124,7 @@ def _measured_flops(record: dict, policy) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     from var_core.engine import GenerationOptions, SamplingConfig, generate
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     adapter = load_model("official-tiny")
     sampling = SamplingConfig(**record["sampling"])

@@ -2,7 +2,7 @@
 the JSON loads, the CSVs read with the expected columns (speedups included), the PNGs are PNGs — and, with
 ``--profile``, a Chrome trace and the op table exist. The speedups and FLOPs ratios of the report are recomputed
 from the recorded per-round times (``repeats.csv``) and, for FastVAR on official-tiny, from FlopCounterMode; a
-hand-worked example pins :func:`studies.latency.summary_rows`."""
+hand-worked example pins :func:`profilers.latency_report.summary_rows`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 import torch
 
-from studies.latency import MethodRun, main, spread, summary_rows
+from profilers.latency_report import MethodRun, spread, summary_rows
+from studies.latency import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SPEEDUP_COLUMNS = {"speedup_transformer", "speedup_total", "flops_ratio", "ideal_speedup", "speedup_vs_ideal",
@@ -152,7 +153,7 @@ def _flop_counter_ratio(method: str, batch: int) -> float:
     from var_core.accel import build_policy
     from var_core.accel.presets import get_preset
     from var_core.engine import GenerationOptions, generate
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     adapter = load_model("official-tiny")
     flops = {}

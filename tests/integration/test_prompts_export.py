@@ -17,7 +17,7 @@ from studies import ablate  # noqa: E402
 from studies._cli import run_cli  # noqa: E402
 from var_core.engine import SamplingConfig, generate  # noqa: E402
 from var_core.eval.lightning import GenerationRun, sample_seed  # noqa: E402
-from var_core.models.zoo import load_model  # noqa: E402
+from var_core.zoo import load_model  # noqa: E402
 
 # our own prompts, in GenEval's evaluation_metadata.jsonl format
 LINES = [

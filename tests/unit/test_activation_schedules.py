@@ -359,7 +359,7 @@ SEEDS = [1, 2]
 
 @pytest.fixture(scope="module")
 def tiny():
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     return load_model("official-tiny")
 

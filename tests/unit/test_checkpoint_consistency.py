@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from var_core.errors import UserError
-from var_core.models import zoo
+from var_core import zoo
 from var_core.models.bsq_vae import BSQVAEConfig
 from var_core.models.infinity import InfinityConfig
 from var_core.models.loading import CheckpointMismatchError, check_infinity_schedule
 from var_core.models.var import VAR, VARConfig
-from var_core.models.zoo import build_infinity_pair, build_var_pair, load_fixture_files, load_model, load_var_files
+from var_core.zoo import build_infinity_pair, build_var_pair, load_fixture_files, load_model, load_var_files
 
 
 def _mismatch(call, *args, **kwargs) -> str:

@@ -27,7 +27,7 @@ from var_core.accel import build_policy
 from var_core.accel.presets import get_preset
 from var_core.engine import GenerationOptions, SamplingConfig, generate
 from var_core.eval.lightning import GenerationModule
-from var_core.models.zoo import load_model
+from var_core.zoo import load_model
 
 PRESETS = (None, "nova", "fastvar", "ldpruning", "toprovar", "sparsevar", "skipvar", "stagevar")
 SAMPLING = SamplingConfig(cfg=1.5, top_k=20, top_p=0.9)

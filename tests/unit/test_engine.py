@@ -11,7 +11,7 @@ from var_core.engine import (GenerationOptions, GuidanceMode, NonFiniteLogitsErr
                              ScalePlan, generate)
 from var_core.engine.reference_loop import reference_generate
 from var_core.models.loading import CheckpointError, CheckpointMismatchError
-from var_core.models.zoo import load_model, load_var_files
+from var_core.zoo import load_model, load_var_files
 
 SAMPLED = SamplingConfig(cfg=1.5, top_k=20, top_p=0.9)
 
@@ -280,7 +280,7 @@ def test_safetensors_roundtrip(fixture_dir, tmp_path):
 def test_no_global_side_effects():
     reset = (torch.nn.Linear.reset_parameters, torch.nn.Conv2d.reset_parameters, torch.nn.LayerNorm.reset_parameters)
     state = torch.random.get_rng_state()
-    from var_core.models.zoo import build_var_pair
+    from var_core.zoo import build_var_pair
     from var_core.models.var import VARConfig
 
     build_var_pair(VARConfig(depth=1, embed_dim=64, num_heads=1, vocab_size=32, z_channels=8, num_classes=3,
@@ -292,7 +292,7 @@ def test_no_global_side_effects():
 
 
 def test_zoo_specs():
-    from var_core.models.zoo import ZOO
+    from var_core.zoo import ZOO
 
     assert ZOO["var-d16"].var_config.total_tokens == 680 and ZOO["var-d16"].var_config.embed_dim == 1024
     assert ZOO["var-d36"].var_config.shared_aln and ZOO["var-d36"].var_config.total_tokens == 2240

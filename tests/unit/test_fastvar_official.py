@@ -47,7 +47,7 @@ BITS_OFF_PLAIN = {"w1_cfg6_n1": (1355, 2156), "w1_cfg5_p0": (678, 520), "w1_cfg2
 # ----------------------------------------------------------------------------------------- the goldens
 @pytest.fixture(scope="module")
 def tiny():
-    from var_core.verify_infinity import load_fixture_models
+    from var_core.verify.infinity import load_fixture_models
 
     model, vae, _ = load_fixture_models(INFINITY_DIR)
     return model, vae

@@ -24,7 +24,7 @@ from var_core.models.hart_diffusion import respaced_timesteps
 from var_core.models.hart_text import HARTContext
 from var_core.models.hart_tokenizer import HARTTokenizer, HARTTokenizerConfig
 from var_core.models.loading import CheckpointMismatchError
-from var_core.models.zoo import load_model
+from var_core.zoo import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE_DIR = Path(os.environ.get("VARSCOPE_HART_FIXTURE", REPO.parent / "shared" / "fixtures" / "official_hart_tiny"))
@@ -49,7 +49,7 @@ def _fixture_inputs():
 # ---------------------------------------------------------------------------------------------------------------
 @needs_fixture
 def test_fixture_verify_every_check_passes():
-    from var_core.verify_hart import verify_hart_fixture
+    from var_core.verify.hart import verify_hart_fixture
 
     checks = verify_hart_fixture(FIXTURE_DIR)
     failed = [c.line() for c in checks if c.passed is False]
@@ -107,7 +107,7 @@ def test_fixture_checkpoint_layout_and_consistency_checks(tmp_path):
     """lvl_1L is checked against config.json's schedule (a mismatch names both); disc.* entries are ignored."""
     import shutil
 
-    from var_core.models.zoo import hart_folders, load_hart_files
+    from var_core.zoo import hart_folders, load_hart_files
 
     for sub in ("llm", "tokenizer"):
         shutil.copytree(FIXTURE_DIR / sub, tmp_path / sub)

@@ -21,7 +21,7 @@ from var_core.models.infinity import (INFINITY_2B, INFINITY_8B, Infinity, Infini
                                       randomize_infinity_, rope_reference_hw, rope_tables, scale_schedule)
 from var_core.models.loading import CheckpointError, load_strict
 from var_core.models.text_encoder import RandomTextEncoder, T5TextEncoder, TextTokens
-from var_core.models.zoo import load_model
+from var_core.zoo import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE_DIR = Path(os.environ.get("VARSCOPE_INFINITY_FIXTURE",
@@ -49,7 +49,7 @@ def _gen(adapter, prompts, seeds, sampling=SAMPLED, policy=None, decode=True):
 # ---------------------------------------------------------------------------------------------------------------
 @needs_fixture
 def test_fixture_verify_all_checks_pass():
-    from var_core.verify_infinity import verify_infinity_fixture
+    from var_core.verify.infinity import verify_infinity_fixture
 
     checks = verify_infinity_fixture(FIXTURE_DIR)
     failed = [c.line() for c in checks if c.passed is False]
@@ -139,7 +139,7 @@ def test_sharded_transformer_directory_loads(tiny, tmp_path):
 
     from safetensors.torch import save_file
 
-    from var_core.models.zoo import load_infinity_files
+    from var_core.zoo import load_infinity_files
 
     sd = {k: v.contiguous() for k, v in tiny.model.state_dict().items() if not k.endswith("zero_k_bias")}
     names = sorted(sd)

@@ -179,7 +179,7 @@ def sparse_policy(last_scales=1):
 
 @pytest.fixture(scope="module")
 def infinity_tiny():
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     return load_model("random:infinity-tiny")
 

@@ -359,7 +359,7 @@ SAMPLING = SamplingConfig(cfg=1.5, top_k=20, top_p=0.9)
 
 @pytest.fixture(scope="module")
 def tiny():
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     return load_model("official-tiny")
 

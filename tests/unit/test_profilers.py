@@ -19,7 +19,7 @@ import torch
 from var_core.engine import GenerationOptions, GuidanceMode, NULL_TRACER, Policy, SamplingConfig, ScalePlan, generate
 from var_core.engine.adapters.var_adapter import VARAdapter
 from var_core.models.var import VARConfig
-from var_core.models.zoo import build_var_pair, default_fixture_dir, load_model
+from var_core.zoo import build_var_pair, default_fixture_dir, load_model
 
 from profilers.breakdown import (
     layer_heatmap_frame, per_scale_summary, plot_gflops_vs_resolution, scale_breakdown, scale_component_frame,

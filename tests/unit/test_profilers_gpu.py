@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from var_core.engine import GenerationOptions, SamplingConfig, generate
-from var_core.models.zoo import load_model
+from var_core.zoo import load_model
 
 from profilers.memory import PeakMemoryTracer
 from profilers.timers import ComponentTimer

@@ -14,7 +14,7 @@ import torch
 
 from var_core.engine import GenerationOptions, GuidanceMode, Policy, SamplingConfig, ScalePlan, generate
 from var_core.models.infinity import INFINITY_2B, scale_schedule
-from var_core.models.zoo import load_model
+from var_core.zoo import load_model
 
 from profilers.flops import (
     INFINITY_SCHEDULE_1024, arch_from_adapter, count_flops, count_record_flops, decode_flops, dense_records,

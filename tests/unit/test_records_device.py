@@ -108,7 +108,7 @@ def test_auto_accelerator_is_one_decision_for_loading_lightning_and_probes(fake_
     """With a GPU present, ``--accelerator auto`` loads the model on cuda:0, hands Lightning the GPU and makes the
     probes time with CUDA events on cuda:0 (before: the probes chose the CPU while Lightning chose the GPU)."""
     import ablations.runner as runner
-    from var_core.models.zoo import load_model
+    from var_core.zoo import load_model
 
     seen = {}
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from var_core.models.zoo import TESTBED_DIR, load_model
+from var_core.zoo import TESTBED_DIR, load_model
 from var_core.testbed.classifier import default_weights_path
 
 HAVE_TESTBED = all((TESTBED_DIR / n).is_file() for n in ("testbed.json", "var.safetensors", "vqvae.safetensors"))

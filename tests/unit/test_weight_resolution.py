@@ -10,10 +10,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from var_core.models import zoo
+from var_core import zoo
 from var_core.models.loading import CheckpointError, CheckpointMismatchError, shard_files
 from var_core.models.text_encoder import resolve_t5_directory
-from var_core.models.zoo import find_t5_directory, load_model, read_sharded_state_dict, resolve_weight_files
+from var_core.models.loading import read_sharded_state_dict
+from var_core.zoo import find_t5_directory, load_model, resolve_weight_files
 
 TINY = {"x": torch.zeros(2)}
 

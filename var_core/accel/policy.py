@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -119,6 +119,16 @@ class PolicyConfig:
         return dataclasses.replace(self, **{kind: component_config(kind, name, **params)})
 
 
+_PER_MODEL_RESOLVER: Callable[[PolicyConfig, Any], PolicyConfig] | None = None
+
+
+def set_per_model_resolver(resolver: Callable[[PolicyConfig, Any], PolicyConfig]) -> None:
+    """Install how a ``per_model`` config becomes the setting for one model (``presets.resolve_config``, which
+    registers itself on import: presets build on this module, so this module never imports them)."""
+    global _PER_MODEL_RESOLVER
+    _PER_MODEL_RESOLVER = resolver
+
+
 class AccelPolicy(Policy):
     """Runs a :class:`PolicyConfig` through the engine's slots. Per-generation state lives in ``signals``."""
 
@@ -147,9 +157,9 @@ class AccelPolicy(Policy):
     def resolve_for(self, info: GenerationInfo) -> PolicyConfig:
         """Put the config resolved for the model ``info`` describes in force (``per_model``); returns it."""
         if self.requested.per_model:
-            from .presets import resolve_config  # presets import this module
-
-            resolved = resolve_config(self.requested, info)
+            if _PER_MODEL_RESOLVER is None:
+                raise RuntimeError("no per-model preset resolver registered (import var_core.accel)")
+            resolved = _PER_MODEL_RESOLVER(self.requested, info)
             if resolved != self.config:
                 self._build(resolved)
         return self.config

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import UserError, did_you_mean
-from .policy import COMPONENT_KINDS, PolicyConfig, component_config
+from .policy import COMPONENT_KINDS, PolicyConfig, component_config, set_per_model_resolver
 
 
 class UnknownPresetError(UserError, KeyError):
@@ -276,7 +276,7 @@ def fastvar(model: ModelKey | None = None) -> PolicyConfig:
       512 px) is not accelerated, as with the released code; one without a 24×24 scale caches at the scale before
       the first tabulated width (ours: the code assumes 24×24).
     * **HART** = the released HART port (specs/hart.md §9.1): 48 → 0.5 and 64 → 0.75 removed, every block, the
-      36×36 cache, nothing skipped (the HART model is not in this tree yet).
+      36×36 cache, nothing skipped (``var_core.models.hart.FASTVAR_HART_SETTING``).
     * **VAR** (and any other family): FastVAR publishes no VAR setting. Our mapping (a choice of ours; the
       alternatives are ``--set`` away, e.g. ``skip.count`` with ``skip=skip_last``): the last two scales pruned
       by 0.4 / 0.5, cache at the scale before them (−3), every block, none skipped (skipping the last two VAR
@@ -437,3 +437,6 @@ def stagevar() -> PolicyConfig:
         cfg_rows="shared",
         granularity="block",
     )
+
+
+set_per_model_resolver(resolve_config)

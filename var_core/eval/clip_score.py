@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .metrics import MetricUnavailable, quantize01
+from .metric_base import MetricUnavailable, quantize01
 
 __all__ = ["OPENAI_MEAN", "OPENAI_STD", "CLIPFeatures", "LoadedCLIP", "load_clip", "clip_scores", "clip_preprocess",
            "to_uint8"]

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .image_reward import _find_tokenizer, _read_state_dict, find_checkpoint
-from .metrics import MetricUnavailable
+from .metric_base import MetricUnavailable
 
 __all__ = ["HPSConfig", "OpenCLIPModel", "LoadedHPS", "load_hps", "hps_scores", "WEIGHT_FILE", "VIT_H_14"]
 

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .metrics import MetricUnavailable
+from .metric_base import MetricUnavailable
 
 __all__ = ["REWARD_MEAN", "REWARD_STD", "ImageRewardConfig", "ImageRewardModel", "LoadedImageReward",
            "load_image_reward", "image_reward_scores", "find_checkpoint", "WEIGHT_FILE"]

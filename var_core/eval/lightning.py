@@ -256,7 +256,7 @@ class GenerationModule(pl.LightningModule):
     """Generates one batch of conditions per ``predict_step`` with one policy and one sampling config.
 
     Args:
-        adapter: an engine adapter (``var_core.models.zoo.load_model``); its modules (``adapter.modules()``: every
+        adapter: an engine adapter (``var_core.zoo.load_model``); its modules (``adapter.modules()``: every
             module holding a tensor generation reads) become sub-modules, so Lightning moves them to each
             process's device.
         policy_config: a ``var_core.accel.PolicyConfig`` built into a fresh policy in every process; ``None``
@@ -423,7 +423,7 @@ def process_environment(trainer, pl_module) -> dict:
     """What one process actually ran on: rank, host, device and its name, dtype, attention backend, threads."""
     import platform
 
-    from .records import attention_backend, device_name, model_dtype
+    from .environment import attention_backend, device_name, model_dtype
 
     adapter = getattr(pl_module, "adapter", None)
     device = pl_module.device
@@ -490,6 +490,70 @@ class _NamedProgressBar(TQDMProgressBar):
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         super().on_predict_batch_start(trainer, pl_module, batch, batch_idx, dataloader_idx)
         self.predict_progress_bar.set_description(self.description)
+
+
+class PlainProgress(Callback):
+    """Progress as whole lines, for logs: ``<label>: batch k/n, i images, s elapsed, ETA`` after the first batch,
+    then at most every ``every_seconds`` and after the last one (global rank 0 only). No carriage returns, so a
+    log file or a pipe receives one readable line per report instead of a terminal bar's ``\\r`` redraws. Written
+    to ``stream`` (default: ``sys.stdout`` at the time of writing, in order with the runner's own lines)."""
+
+    def __init__(self, description: str, every_seconds: float = 30.0, stream=None):
+        self.description = description
+        self.every_seconds = float(every_seconds)
+        self.stream = stream
+        self._start = self._last = 0.0
+        self._images = 0
+
+    def _write(self, line: str) -> None:
+        import sys
+
+        stream = self.stream if self.stream is not None else sys.stdout
+        print(line, file=stream, flush=True)
+
+    def on_predict_start(self, trainer, pl_module):
+        self._start = self._last = time.perf_counter()
+        self._images = 0
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.is_global_zero:
+            return
+        index = batch.get("index") if isinstance(batch, dict) else None
+        self._images += int(len(index)) if index is not None else 0
+        total = trainer.num_predict_batches[dataloader_idx] if trainer.num_predict_batches else None
+        done = batch_idx + 1
+        now = time.perf_counter()
+        last = total is not None and done >= total
+        if not (done == 1 or last or now - self._last >= self.every_seconds):
+            return
+        self._last = now
+        elapsed = now - self._start
+        line = f"{self.description}: batch {done}/{total if total is not None else '?'}"
+        if self._images:
+            line += f", {self._images} images"
+        line += f", {elapsed:.1f} s"
+        if total is not None and not last and done:
+            line += f", ETA {elapsed / done * (total - done):.0f} s"
+        self._write(line)
+
+
+def _stream_is_terminal(stream) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError, OSError):  # closed or file-like objects without isatty
+        return False
+
+
+def progress_callback(description: str, *, stream=None) -> Callback:
+    """The progress reporter of a run: Lightning's bar when it draws on a terminal (tqdm writes to ``sys.stderr``),
+    else :class:`PlainProgress` lines (a log file, a pipe, a notebook capture). ``VARSCOPE_PROGRESS=bar`` /
+    ``plain`` forces one."""
+    import sys
+
+    forced = os.environ.get("VARSCOPE_PROGRESS", "").strip().lower()
+    if forced == "bar" or (forced != "plain" and _stream_is_terminal(sys.stderr)):
+        return _NamedProgressBar(description)
+    return PlainProgress(description, stream=stream)
 
 
 # ----- the run ---------------------------------------------------------------------------------------------
@@ -692,7 +756,8 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
     resolved ``launch``). Returns ``None`` on the ranks other than global rank 0 of a ``ddp`` / torchrun / SLURM
     launch (every rank calls this function; the run is rank 0's).
 
-    ``progress``: ``False`` for no bar, ``True`` for Lightning's bar, or a string used as the bar's label.
+    ``progress``: ``False`` for no progress, ``True`` or a string (the label): Lightning's bar on a terminal, plain
+    lines when the output goes to a file or a pipe (:func:`progress_callback`).
     ``tracer_factory``: shorthand for a probe that only supplies a fresh tracer per batch.
     ``threads``: intra-op threads set in every process (``None``: leave them; Lightning gives each DDP process on
     the CPU ``cores / processes``). CPU kernels round differently with different thread counts (images differ in
@@ -714,13 +779,14 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
     folder = tempfile.mkdtemp(prefix="varscope-predict-")
     collector = _ShardCollector(folder)
     all_callbacks: list[Callback] = [collector, *callbacks]
-    if progress:
-        all_callbacks.append(_NamedProgressBar(progress if isinstance(progress, str) else "generating"))
+    reporter = progress_callback(progress if isinstance(progress, str) else "generating") if progress else None
+    if reporter is not None:
+        all_callbacks.append(reporter)
     try:
         trainer = pl.Trainer(accelerator=launch.accelerator, devices=launch.devices, strategy=launch.strategy,
                              num_nodes=launch.num_nodes, logger=False, enable_checkpointing=False,
                              enable_model_summary=False,
-                             enable_progress_bar=bool(progress), use_distributed_sampler=False,
+                             enable_progress_bar=isinstance(reporter, TQDMProgressBar), use_distributed_sampler=False,
                              inference_mode=True, callbacks=all_callbacks)
         start = time.perf_counter()
         with warnings.catch_warnings():

@@ -380,7 +380,7 @@ def texts_for(ctx, labels) -> list[str]:
 
 def _loaded(ctx, key: str, loader: Callable[[], Any]):
     """A scorer loaded once per run (or the MetricUnavailable it raised, re-raised for every arm)."""
-    from .metrics import MetricUnavailable
+    from .metric_base import MetricUnavailable
 
     cache = ctx._loaded_models
     if key not in cache:
@@ -397,7 +397,7 @@ def _loaded(ctx, key: str, loader: Callable[[], Any]):
 def prompt_metrics(images, labels, ctx) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """CLIP score, ImageReward and HPSv2.1 per sample, for the metrics whose weights ``ctx`` names:
     ``(values, unavailable)`` (``values[name]``: float array ``[B]``; ``unavailable[name]``: the reason)."""
-    from .metrics import MetricUnavailable
+    from .metric_base import MetricUnavailable
 
     values: dict[str, np.ndarray] = {}
     unavailable: dict[str, str] = {}

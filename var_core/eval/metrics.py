@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from .stats import Summary
+from .metric_base import MetricUnavailable, quantize01  # noqa: F401 - part of this module's API
 
 __all__ = [
     "PSNR_CAP", "MetricUnavailable", "MetricContext", "quantize01", "fidelity_per_sample", "ms_ssim_settings",
@@ -66,17 +67,6 @@ __all__ = [
 
 PSNR_CAP = 100.0  # dB given to identical images (8-bit images never exceed ~90 dB otherwise)
 MIN_KID_BOOTSTRAP = 4  # fewer samples: KID gets no interval (NaN bounds, method says "n too small")
-
-
-class MetricUnavailable(RuntimeError):
-    """A metric that cannot be computed here; the message says why and what would enable it."""
-
-
-def quantize01(images: torch.Tensor) -> torch.Tensor:
-    """float ``[0, 1]`` images rounded to the 8-bit grid (uint8 input is converted)."""
-    if images.dtype == torch.uint8:
-        return images.float() / 255.0
-    return images.detach().float().clamp(0, 1).mul(255).round().div(255)
 
 
 # ----- fidelity to the baseline ----------------------------------------------------------------------------
@@ -615,6 +605,10 @@ class MetricContext:
             from ..engine.adapters.infinity_adapter import LABEL_PROMPT
 
             ctx.label_prompt = LABEL_PROMPT
+        elif getattr(adapter, "family", None) == "hart":
+            from ..engine.adapters.hart_adapter import LABEL_PROMPT as HART_LABEL_PROMPT
+
+            ctx.label_prompt = HART_LABEL_PROMPT
         try:
             from ..testbed.classifier import (ClassifierFeatureExtractor, ClassifierLogitsExtractor,
                                               load_classifier)

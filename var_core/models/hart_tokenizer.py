@@ -265,7 +265,7 @@ def hf_weight_file(folder: Path, what: str, names: Sequence[str] = HF_WEIGHT_NAM
 def load_hart_tokenizer(folder: str | Path, log=None) -> tuple[HARTTokenizer, dict]:
     """``(tokenizer, info)`` from an official ``tokenizer/`` folder (config.json + weights), loaded strictly;
     ``info`` says what was ignored (``disc_entries_ignored``)."""
-    from .zoo import read_sharded_state_dict
+    from .loading import read_sharded_state_dict
 
     folder = Path(folder).expanduser()
     data = read_hf_config(folder, "HART tokenizer")

@@ -530,3 +530,15 @@ def shard_files(folder: str | Path) -> list[Path]:
         raise CheckpointError(f"no weight shards in {folder}: expected {' or '.join(SHARD_INDEX_NAMES)} with the "
                               f"shards it names, or model-0000i-of-0000n.safetensors files (found: {present[:10]})")
     return files
+
+
+def read_sharded_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A file, or a directory of shards (``*.index.json`` naming them, or ``*-0000i-of-0000n.*`` / every weight
+    file in it; see :func:`var_core.models.loading.shard_files`, which checks them complete first)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return read_state_dict(path)
+    merged: dict[str, torch.Tensor] = {}
+    for shard in shard_files(path):
+        merged.update(read_state_dict(shard))
+    return merged

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..engine import GenerationOptions, SamplingConfig, generate
-from ..models.zoo import TESTBED_DIR, load_model
+from ..zoo import TESTBED_DIR, load_model
 from .classifier import ClassifierFeatureExtractor, load_classifier
 from .data import CLASS_NAMES, NUM_CLASSES, make_tensor_dataset
 
@@ -279,6 +279,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from studies._cli import run_cli  # user errors in one line (exit 2), Ctrl-C exit 130
+    from ..errors import run_command  # user errors in one line (exit 2), Ctrl-C exit 130
 
-    sys.exit(run_cli(main))
+    sys.exit(run_command(main))

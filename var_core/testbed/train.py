@@ -633,6 +633,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from studies._cli import run_cli  # user errors in one line (exit 2), Ctrl-C exit 130
+    from ..errors import run_command  # user errors in one line (exit 2), Ctrl-C exit 130
 
-    sys.exit(run_cli(main))
+    sys.exit(run_command(main))

@@ -17,19 +17,19 @@ from typing import Sequence
 
 import torch
 
-from ..errors import UserError, did_you_mean
-from .loading import (VAR_ENTRY_FIELDS, CheckpointError, check_infinity_entry, check_infinity_pair,
-                      check_infinity_schedule, check_var_entry, check_var_vqvae_pair, check_vqvae_entry,
-                      hf_snapshot_dir, infer_var_config, infer_vqvae_config, is_shard_folder, load_strict,
-                      read_state_dict, shard_files)
-from .var import VAR, VARConfig, official_var_config
+from .errors import UserError, did_you_mean
+from .models.loading import (VAR_ENTRY_FIELDS, check_infinity_entry, check_infinity_pair, check_infinity_schedule,
+                             check_var_entry, check_var_vqvae_pair, check_vqvae_entry, CheckpointError,
+                             hf_snapshot_dir, infer_var_config, infer_vqvae_config, is_shard_folder, load_strict,
+                             read_sharded_state_dict, read_state_dict, shard_files)
+from .models.var import VAR, VARConfig, official_var_config
 
 PATCH_NUMS_256 = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
 PATCH_NUMS_512 = (1, 2, 3, 4, 6, 9, 13, 18, 24, 32)
 OFFICIAL_VQVAE = dict(vocab_size=4096, z_channels=32, ch=160, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2,
                       share_quant_resi=4)
 OFFICIAL_VAE_FILE = "vae_ch160v4096z32.pth"
-TESTBED_DIR = Path(__file__).resolve().parents[1] / "testbed" / "weights"
+TESTBED_DIR = Path(__file__).resolve().parent / "testbed" / "weights"
 
 
 def default_fixture_dir() -> Path:
@@ -37,7 +37,7 @@ def default_fixture_dir() -> Path:
     env = os.environ.get("VARSCOPE_VAR_FIXTURE")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_var_tiny"
+    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_var_tiny"
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def check_model_name(name: str) -> str:
 
 
 def _vqvae(kwargs: dict):
-    from .vqvae import VQVAE
+    from .models.vqvae import VQVAE
 
     return VQVAE(**kwargs)
 
@@ -372,7 +372,7 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     ``options`` (Infinity only): ``text_encoder`` (a local flan-t5 directory, or an encoder object), ``pn``,
     ``h_div_w``, ``num_scales``, ``schedule``, ``cfg_insertion_layer``, ``negative_prompt``.
     """
-    from ..engine.adapters.var_adapter import VARAdapter
+    from .engine.adapters.var_adapter import VARAdapter
 
     random_weights = name.startswith("random:")
     base = name.removeprefix("random:")
@@ -402,7 +402,7 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     adapter = VARAdapter(var, vae)
     adapter.model_name = name
     if base == "testbed":
-        from ..engine.sampling import SamplingConfig
+        from .engine.sampling import SamplingConfig
 
         folder = Path(weights) if weights is not None else TESTBED_DIR
         meta = json.loads((folder / "testbed.json").read_text())
@@ -427,7 +427,7 @@ def default_infinity_fixture_dir() -> Path:
     env = os.environ.get("VARSCOPE_INFINITY_FIXTURE")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_infinity_tiny"
+    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_infinity_tiny"
 
 
 @dataclass(frozen=True)
@@ -444,8 +444,8 @@ class InfinitySpec:
 
 
 def _infinity_specs() -> dict[str, InfinitySpec]:
-    from .bsq_vae import VAE_2B, VAE_8B, BSQVAEConfig
-    from .infinity import INFINITY_2B, INFINITY_8B, InfinityConfig
+    from .models.bsq_vae import VAE_2B, VAE_8B, BSQVAEConfig
+    from .models.infinity import INFINITY_2B, INFINITY_8B, InfinityConfig
 
     tiny = InfinityConfig(depth=4, embed_dim=64, num_heads=2, text_channels=128, text_maxlen=64, d_vae=16,
                           block_chunks=2)
@@ -476,26 +476,14 @@ ZOO.update({
 })
 
 
-def read_sharded_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A file, or a directory of shards (``*.index.json`` naming them, or ``*-0000i-of-0000n.*`` / every weight
-    file in it; see :func:`var_core.models.loading.shard_files`, which checks them complete first)."""
-    path = Path(path).expanduser()
-    if not path.is_dir():
-        return read_state_dict(path)
-    merged: dict[str, torch.Tensor] = {}
-    for shard in shard_files(path):
-        merged.update(read_state_dict(shard))
-    return merged
-
-
 def load_infinity_files(infinity_path: Path, vae_path: Path, *, entry: str | None = None,
                         expected: dict | None = None, expected_vae: dict | None = None, **config_overrides):
     """Load an official-layout Infinity transformer and BSQ-VAE (architecture inferred, strict load).
 
     Both files are read and checked before any model is built: bits per token vs the BSQ codebook (with the
     2×2 patchify), and, with ``expected`` / ``expected_vae``, the zoo entry ``entry``'s architecture."""
-    from .bsq_vae import BSQVAE, infer_bsq_vae_config, remap_vae_keys
-    from .infinity import Infinity, infer_infinity_config, prepare_infinity_state_dict
+    from .models.bsq_vae import BSQVAE, infer_bsq_vae_config, remap_vae_keys
+    from .models.infinity import Infinity, infer_infinity_config, prepare_infinity_state_dict
 
     vae_sd = read_state_dict(vae_path)
     try:
@@ -553,8 +541,8 @@ def load_infinity_fixture_files(folder: str | Path | None = None):
 
 def build_infinity_pair(cfg, vae_cfg, seed: int = 0):
     """Infinity + BSQ-VAE with seeded random weights (private RNG; the global RNG state is untouched)."""
-    from .bsq_vae import BSQVAE
-    from .infinity import Infinity, randomize_infinity_
+    from .models.bsq_vae import BSQVAE
+    from .models.infinity import Infinity, randomize_infinity_
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -602,7 +590,7 @@ def find_t5_directory(spec_name: str, text_encoder: str | Path | None, weights: 
     """The first of :func:`t5_candidates` that holds a usable flan-t5 folder (a cache folder resolved to its
     snapshot); else :class:`CheckpointError` naming every folder searched and what each lacks. Checks file names
     only, so a missing encoder fails before any weights are read."""
-    from .text_encoder import check_t5_directory, resolve_t5_directory
+    from .models.text_encoder import check_t5_directory, resolve_t5_directory
 
     candidates = t5_candidates(text_encoder, weights)
     if not candidates:
@@ -632,7 +620,7 @@ def find_t5_directory(spec_name: str, text_encoder: str | Path | None, weights: 
 
 def _t5_encoder(spec_name: str, text_encoder, weights: Path | None, device, dtype):
     """The flan-t5 encoder for a real Infinity model (see :func:`t5_candidates` for where it is looked for)."""
-    from .text_encoder import T5TextEncoder
+    from .models.text_encoder import T5TextEncoder
 
     if text_encoder is not None and not isinstance(text_encoder, (str, Path)):
         return text_encoder  # an encoder object
@@ -646,8 +634,8 @@ def load_infinity_model(name: str, weights=None, vae_weights=None, device="cpu",
                         h_div_w: float = 1.0, num_scales: int | None = None, schedule=None,
                         cfg_insertion_layer: int = 0, negative_prompt=None):
     """An :class:`~var_core.engine.adapters.infinity_adapter.InfinityAdapter` for a named Infinity model."""
-    from ..engine.adapters.infinity_adapter import InfinityAdapter
-    from .text_encoder import RandomTextEncoder
+    from .engine.adapters.infinity_adapter import InfinityAdapter
+    from .models.text_encoder import RandomTextEncoder
 
     random_weights = name.startswith("random:")
     base = name.removeprefix("random:")
@@ -713,7 +701,7 @@ def default_hart_fixture_dir() -> Path:
     env = os.environ.get("VARSCOPE_HART_FIXTURE")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_hart_tiny"
+    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_hart_tiny"
 
 
 @dataclass(frozen=True)
@@ -749,8 +737,8 @@ HART_0P7B_ASSUMPTIONS: dict[str, tuple[object, str]] = {
 
 
 def _hart_specs() -> dict[str, HARTSpec]:
-    from .hart import HART_0P7B, HARTConfig
-    from .hart_tokenizer import HARTTokenizerConfig
+    from .models.hart import HART_0P7B, HARTConfig
+    from .models.hart_tokenizer import HARTTokenizerConfig
 
     tiny_tok = HARTTokenizerConfig(vocab_size=1024, z_channels=16, ch=32, ch_mult=(1, 1, 2, 2, 4),
                                    v_patch_nums=(1, 2, 3, 4, 5, 6, 8))
@@ -778,7 +766,7 @@ ZOO.update({
 
 
 def _hart_llm_weights(llm_dir: Path, use_ema: bool) -> Path:
-    from .hart_tokenizer import hf_weight_file
+    from .models.hart_tokenizer import hf_weight_file
 
     if use_ema and (llm_dir / HART_EMA_FILE).is_file():
         return llm_dir / HART_EMA_FILE
@@ -812,7 +800,7 @@ def hart_folders(weights: str | Path, vae_weights: str | Path | None = None, var
 
 
 def _check_hart_assumptions(entry: str, spec: HARTSpec, cfg, tok_cfg, llm_dir: Path, tok_dir: Path) -> None:
-    from .loading import CheckpointMismatchError
+    from .models.loading import CheckpointMismatchError
 
     diffs = []
     for name, (want, evidence) in spec.assumptions.items():
@@ -834,8 +822,8 @@ def _check_hart_assumptions(entry: str, spec: HARTSpec, cfg, tok_cfg, llm_dir: P
 
 def read_hart_configs(llm_dir: Path, tok_dir: Path):
     """``(HARTConfig, HARTTokenizerConfig)`` from the two config.json files (nothing else is read)."""
-    from .hart import HARTConfig
-    from .hart_tokenizer import HARTTokenizerConfig, read_hf_config
+    from .models.hart import HARTConfig
+    from .models.hart_tokenizer import HARTTokenizerConfig, read_hf_config
 
     tok_data = read_hf_config(tok_dir, "HART tokenizer")
     tok_cfg = HARTTokenizerConfig.from_json(tok_data, tok_dir / "config.json")
@@ -850,8 +838,8 @@ def load_hart_files(llm_dir: Path, tok_dir: Path, *, use_ema: bool = True, log=N
     """``(transformer, tokenizer, info)`` from an official ``llm/`` and ``tokenizer/`` folder (configs from their
     config.json files, strict loads; ``lvl_1L`` checked against the schedule, ``disc.*`` ignored). ``check``:
     called with ``(config, tokenizer config)`` before any weights are read."""
-    from .hart import HARTTransformer, prepare_hart_state_dict
-    from .hart_tokenizer import load_hart_tokenizer
+    from .models.hart import HARTTransformer, prepare_hart_state_dict
+    from .models.hart_tokenizer import load_hart_tokenizer
 
     cfg, tok_cfg = read_hart_configs(llm_dir, tok_dir)
     if check is not None:
@@ -872,8 +860,8 @@ def load_hart_files(llm_dir: Path, tok_dir: Path, *, use_ema: bool = True, log=N
 
 def build_hart_pair(cfg, tok_cfg, seed: int = 0):
     """HART transformer + tokenizer with seeded random weights (private RNG; the global RNG state is untouched)."""
-    from .hart import HARTTransformer, randomize_hart_
-    from .hart_tokenizer import HARTTokenizer
+    from .models.hart import HARTTransformer, randomize_hart_
+    from .models.hart_tokenizer import HARTTokenizer
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -904,7 +892,7 @@ def hart_text_candidates(text_encoder: str | Path | None, weights: str | Path | 
 
 
 def find_qwen2_directory(entry: str, text_encoder, weights) -> Path:
-    from .hart_text import check_qwen2_directory, resolve_qwen2_directory
+    from .models.hart_text import check_qwen2_directory, resolve_qwen2_directory
 
     problems = []
     for path in hart_text_candidates(text_encoder, weights):
@@ -935,8 +923,8 @@ def load_hart_model(name: str, weights=None, vae_weights=None, device="cpu", see
     default ``$VARSCOPE_HART_FIXTURE``). ``use_ema``: ``llm/ema_model.bin`` when present (the official scripts'
     default). ``text_encoder``: a Qwen2 folder, an encoder object, or False (precomputed contexts only).
     ``variant``: the transformer subfolder (``llm_aln`` for the fixture's AdaLN model)."""
-    from ..engine.adapters.hart_adapter import HARTAdapter
-    from .hart_text import Qwen2TextEncoder, RandomHARTTextEncoder
+    from .engine.adapters.hart_adapter import HARTAdapter
+    from .models.hart_text import Qwen2TextEncoder, RandomHARTTextEncoder
 
     random_weights = name.startswith("random:")
     base = name.removeprefix("random:")
@@ -993,10 +981,10 @@ def hart_proxy_adapter(config=None, width: int = 64, seed: int = 0):
     so the figures show mechanics, not trained behaviour)."""
     import dataclasses as _dc
 
-    from ..engine.adapters.hart_adapter import HARTAdapter
-    from .hart import HART_0P7B
-    from .hart_text import RandomHARTTextEncoder
-    from .hart_tokenizer import HARTTokenizerConfig
+    from .engine.adapters.hart_adapter import HARTAdapter
+    from .models.hart import HART_0P7B
+    from .models.hart_text import RandomHARTTextEncoder
+    from .models.hart_tokenizer import HARTTokenizerConfig
 
     config = config or HART_0P7B
     cfg = _dc.replace(config, embed_dim=width, num_heads=2, context_dim=width, diff_width=width, diff_depth=2,

@@ -1,37 +1,21 @@
-"""``python -m var_core.verify FIXTURE_DIR``: check our models against golden outputs of the official code.
-
-Accepts any folder in the format of ``shared/fixtures/official_var_tiny`` (config.json + weights + golden
-files), whatever its scales, vocabulary, depth and batch, Infinity folders in the format of
-``shared/fixtures/official_infinity_tiny`` (see ``verify_infinity``) and HART folders in the format of
-``shared/fixtures/official_hart_tiny`` (see ``verify_hart``). Prints one line per check with the maximum
-deviation and the tolerance, ends with ``verify: N passed, M failed`` (``, K skipped`` when some checks were
-skipped) and exits 0 only when nothing failed.
-
-The folder's ``SHA256SUMS`` is its manifest (see ``verify_common``): every listed file must be there with its
-hash, and every listed golden must be read by a check. A folder without one is refused (exit 2) unless
-``--partial`` is given; the output then says PARTIAL and which manifest checks were skipped. A golden that lacks
-an optional key gives a ``SKIP`` line; a missing required key or an unreadable file gives one ``FAIL`` line
-naming the file. RNG-dependent goldens are optional: a mismatch there is reported as ``INFO``, not a failure,
-because our per-sample sampler may consume randomness differently from the official single-generator one.
-"""
+"""VAR fixture checks (folders in the format of ``shared/fixtures/official_var_tiny``): VQVAE, teacher forcing,
+greedy and seeded generation against the official goldens."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-from .errors import UserError
-from .models.loading import CheckpointError
-from .verify_common import (Check, Fixture, FixtureFileError, _close, _identical, _max_dev, absent, fail,  # noqa: F401
+from ..errors import UserError
+from ..models.loading import CheckpointError
+from .common import (Check, Fixture, FixtureFileError, _close, _identical, _max_dev, absent, fail,  # noqa: F401
                             guard, one_line, read_config, require_keys, skip, summary_line)
 
 TOL_LOGITS = 1e-4
 TOL_IMAGE = 2e-4
 
-__all__ = ["Check", "TOL_IMAGE", "TOL_LOGITS", "detect_family", "main", "verify_var_fixture"]
+__all__ = ["TOL_IMAGE", "TOL_LOGITS", "verify_var_fixture"]
 
 
 def verify_var_fixture(folder: Path | Fixture, partial: bool = False) -> list[Check]:
@@ -44,7 +28,7 @@ def verify_var_fixture(folder: Path | Fixture, partial: bool = False) -> list[Ch
 
 
 def _var_model_checks(fx: Fixture) -> list[Check]:
-    from .models.zoo import load_fixture_files
+    from ..zoo import load_fixture_files
 
     config = fx.config()
     if "build_vae_var_kwargs" not in config or "patch_nums" not in config["build_vae_var_kwargs"]:
@@ -76,7 +60,7 @@ def _var_model_checks(fx: Fixture) -> list[Check]:
         if fx.has(tf_name):
             guard(checks, f"{tag}/teacher_forcing",
                    lambda: _teacher_forcing_checks(fx, tf_name, tag, var, vae, vq_golden, checks))
-        from .engine.adapters.var_adapter import VARAdapter
+        from ..engine.adapters.var_adapter import VARAdapter
 
         adapter = VARAdapter(var, vae)
         for name in fx.goldens(f"{prefix}_ar_greedy_cfg*.pt"):
@@ -148,7 +132,7 @@ def _labels_and_args(g, name: str, tag: str, needed: tuple[str, ...], checks: li
 
 
 def _greedy_checks(fx: Fixture, name: str, tag: str, adapter, vae, checks: list[Check]) -> None:
-    from .engine import GenerationOptions, SamplingConfig, generate
+    from ..engine import GenerationOptions, SamplingConfig, generate
 
     g = fx.load(name)
     if g is None:
@@ -179,7 +163,7 @@ def _greedy_checks(fx: Fixture, name: str, tag: str, adapter, vae, checks: list[
 
 
 def _rng_checks(fx: Fixture, name: str, tag: str, adapter, checks: list[Check]) -> None:
-    from .engine import SamplingConfig, generate
+    from ..engine import SamplingConfig, generate
 
     g = fx.load(name)
     if g is None:
@@ -211,64 +195,3 @@ def _fhat_trajectory(vae, tokens):
             f_hat = quantize.next_autoregressive_input(si, f_hat, h)[0]
             out.append(f_hat)
     return out
-
-
-def detect_family(folder: Path) -> str:
-    """``"var"``, ``"infinity"`` or ``"hart"`` from a fixture folder's config.json and weight files."""
-    folder = Path(folder)
-    config = read_config(folder)
-    if "build_vae_var_kwargs" in config:
-        return "var"
-    if (folder / "infinity.pth").exists() or "infinity_ctor_kwargs" in config:
-        return "infinity"
-    from .verify_hart import detect as is_hart
-
-    if is_hart(folder, config):
-        return "hart"
-    raise UserError(f"{folder}/config.json is neither a VAR fixture (build_vae_var_kwargs), an Infinity one "
-                    f"(infinity_ctor_kwargs / infinity.pth) nor a HART one (llm_config / llm/config.json); verify "
-                    f"supports the formats of shared/fixtures/official_var_tiny, official_infinity_tiny and "
-                    f"official_hart_tiny")
-
-
-def _run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m var_core.verify", description=__doc__.split("\n\n")[0])
-    parser.add_argument("fixture_dir", type=Path, help="folder in the format of shared/fixtures/official_var_tiny, "
-                                                       "official_infinity_tiny or official_hart_tiny")
-    parser.add_argument("--partial", action="store_true",
-                        help="accept a folder without SHA256SUMS: check only the files present (marked PARTIAL)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    folder = args.fixture_dir
-    family = detect_family(folder)
-    fx = Fixture(folder, partial=args.partial)
-    if family == "var":
-        checks = verify_var_fixture(fx)
-    elif family == "hart":
-        from .verify_hart import verify_hart_fixture
-
-        checks = verify_hart_fixture(fx)
-    else:
-        from .verify_infinity import verify_infinity_fixture
-
-        checks = verify_infinity_fixture(fx)
-    for check in checks:
-        print(check.line())
-    notice = fx.notice()
-    if notice:
-        print(notice)
-    print(summary_line(checks))
-    return 1 if any(c.passed is False for c in checks) else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line: user errors (no manifest, no fixture, unreadable config) print one line, exit 2."""
-    from studies._cli import run_cli
-
-    return run_cli(_run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .engine.context import ScalePlan
-from .engine.policy import Policy
-from .models.loading import CheckpointError
-from .verify_common import (Check, Fixture, FixtureFileError, _close, _identical, absent, fail, guard, one_line,
+from ..engine.context import ScalePlan
+from ..engine.policy import Policy
+from ..models.loading import CheckpointError
+from .common import (Check, Fixture, FixtureFileError, _close, _identical, absent, fail, guard, one_line,
                             require_keys, skip)
 
 TOL_HIDDEN = 1e-4
@@ -94,7 +94,7 @@ def verify_hart_fixture(folder: Path | Fixture, partial: bool = False) -> list[C
 
 
 def _load(fx: Fixture, variant: str):
-    from .models.zoo import hart_folders, load_hart_files
+    from ..zoo import hart_folders, load_hart_files
 
     llm_dir, tok_dir = hart_folders(fx.folder, None, variant)
     model, tok, info = load_hart_files(llm_dir, tok_dir, use_ema=False)
@@ -153,8 +153,8 @@ def _hart_checks(fx: Fixture) -> list[Check]:
 # ----- config ----------------------------------------------------------------------------------------------------
 def _config_checks(config: dict, models: dict, tok) -> list[Check]:
     """config.json's ``derived`` numbers against what our code derives (Phi table, sampler top-k, timestep map …)."""
-    from .engine.adapters.hart_adapter import HARTAdapter, HARTSamplingConfig
-    from .models.hart_diffusion import respaced_timesteps
+    from ..engine.adapters.hart_adapter import HARTAdapter, HARTSamplingConfig
+    from ..models.hart_diffusion import respaced_timesteps
 
     derived = config.get("derived")
     if not isinstance(derived, dict):
@@ -312,7 +312,7 @@ def _teacher_forcing_checks(fx: Fixture, name: str, variant: str, model, tok, in
 
 # ----- diffusion head --------------------------------------------------------------------------------------------
 def _diffusion_checks(fx: Fixture, model, checks: list[Check]) -> None:
-    from .models.hart_diffusion import VAE_SCALE
+    from ..models.hart_diffusion import VAE_SCALE
 
     name = "golden_diffusion.pt"
     gd = fx.load(name)
@@ -379,7 +379,7 @@ def _diffusion_checks(fx: Fixture, model, checks: list[Check]) -> None:
 # ----- AR runs ---------------------------------------------------------------------------------------------------
 def _context_pass(model, adapter, ctx, sampling):
     """Scale 0 on every context row: block outputs ``[R, ctx, C]`` per block and the logits of every row."""
-    from .engine.context import GuidanceMode
+    from ..engine.context import GuidanceMode
 
     state = adapter.begin(ctx, GuidanceMode.BOTH, sampling)
     x = state.sos_RLC + model.lvl_embed.weight[0]
@@ -391,10 +391,10 @@ def _context_pass(model, adapter, ctx, sampling):
 
 
 def _ar_checks(fx: Fixture, name: str, variant: str, model, tok, inputs, checks: list[Check]) -> None:
-    from .engine import generate
-    from .engine.adapters.hart_adapter import HARTAdapter, HARTSamplingConfig
-    from .models.hart_diffusion import VAE_SCALE
-    from .models.hart_text import HARTContext
+    from ..engine import generate
+    from ..engine.adapters.hart_adapter import HARTAdapter, HARTSamplingConfig
+    from ..models.hart_diffusion import VAE_SCALE
+    from ..models.hart_text import HARTContext
 
     g = fx.load(name)
     if g is None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 MANIFEST = "SHA256SUMS"
 GOLDEN_GLOB = "golden_*.pt"

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .engine.context import ScalePlan
-from .engine.policy import Policy
-from .models.loading import CheckpointError
-from .verify_common import (Check, Fixture, FixtureFileError, _close, guard, _identical, absent, fail, one_line,
+from ..engine.context import ScalePlan
+from ..engine.policy import Policy
+from ..models.loading import CheckpointError
+from .common import (Check, Fixture, FixtureFileError, _close, guard, _identical, absent, fail, one_line,
                             require_keys, skip)
 
 TOL_HIDDEN = 1e-4
@@ -32,7 +32,7 @@ UINT8_MAX_FRACTION = 1e-3
 def load_fixture_models(folder: Path):
     """``(infinity, vae, config)`` from a fixture folder, through our own loaders (strict), each checked against
     what config.json says (sizes, codebook bits, patch schedule)."""
-    from .models.zoo import load_infinity_fixture_files
+    from ..zoo import load_infinity_fixture_files
 
     model, vae, config = load_infinity_fixture_files(Path(folder))
     return model.eval().requires_grad_(False), vae.eval().requires_grad_(False), config
@@ -138,8 +138,8 @@ def _vae_checks(fx: Fixture, vae, inputs, state: dict, checks: list[Check]) -> N
 
 
 def _teacher_forcing_checks(fx: Fixture, model, vae, inputs, state: dict, checks: list[Check]) -> None:
-    from .engine.adapters.infinity_adapter import InfinityAdapter
-    from .models.text_encoder import TextTokens
+    from ..engine.adapters.infinity_adapter import InfinityAdapter
+    from ..models.text_encoder import TextTokens
 
     name = "golden_teacher_forcing.pt"
     tf = fx.load(name)
@@ -198,9 +198,9 @@ def _teacher_forcing_checks(fx: Fixture, model, vae, inputs, state: dict, checks
 
 
 def _ar_checks(fx: Fixture, name: str, model, vae, checks: list[Check]) -> None:
-    from .engine import GenerationOptions, SamplingConfig, generate
-    from .engine.adapters.infinity_adapter import InfinityAdapter, InfinityConditions
-    from .models.text_encoder import TextTokens
+    from ..engine import GenerationOptions, SamplingConfig, generate
+    from ..engine.adapters.infinity_adapter import InfinityAdapter, InfinityConditions
+    from ..models.text_encoder import TextTokens
 
     g = fx.load(name)
     if g is None:
