@@ -100,7 +100,7 @@ class StudyOptions:
     plots: bool = True
     timing_rounds: int = 5  # interleaved re-timing rounds per arm (0: off): latency speedup robust to load drift
     timing_batch: int = 1  # batch size of the interleaved re-timing (1: the latency regime)
-    retime: bool = False  # re-measure the interleaved re-timing even when the folder's covers these arms / settings
+    retime: bool = False  # re-measure the interleaved re-timing even when the folder's one covers these arms
     # real checkpoints, sampling and prompts (studies._model_cli: --vae-weights --text-encoder --cfg --top-k --top-p
     # --temperature --prompts --save-images); None: the model's own default
     vae_weights: str | None = None

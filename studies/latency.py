@@ -19,7 +19,8 @@ Writes into ``--out`` (default ``results/latency/<model>_<method>_b<B>-<TB>``):
 * with ``--profile``: ``profile/<method>_b<B>_cycle0.json`` (Chrome trace, open in chrome://tracing or Perfetto),
   ``profile/ops_by_range.csv`` and an operator table grouped by loop range in the report.
 
-The study itself is :func:`profilers.latency_report.run_latency`; ``--help`` ends with its measurement protocol.
+Measuring and writing are :func:`profilers.latency_report.report_latency`; :func:`run_latency` loads the model for it.
+``--help`` ends with the measurement protocol.
 """
 
 from __future__ import annotations

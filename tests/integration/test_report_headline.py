@@ -181,11 +181,11 @@ def test_a_re_timing_without_its_coverage_is_re_measured(study, tmp_path):
 
 # ----- the overview grid's labels -------------------------------------------------------------------------------
 def test_overview_rows_carry_the_arm_names(study, tmp_path):
+    import torch
     from PIL import Image
 
     from var_core.eval.images import save_grid
     from var_core.eval.lightning import GenerationRun
-    import torch
 
     assert (study / "grids" / "overview_rows.txt").read_text().split() == ["baseline", "fastvar"]
     overview = np.asarray(Image.open(study / "grids" / "overview.png").convert("RGB"))
