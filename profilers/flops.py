@@ -13,7 +13,9 @@ activations, softmax, sampling, top-k/top-p) and bias additions are **not** coun
   ``adapter.branches`` order);
 * the attention of block ``l`` at scale ``k`` runs its ``n`` queries over the KV length that block has
   accumulated so far **including** this scale's keys (with pruning a block appends only its attention-branch
-  kept tokens, so each block has its own length).
+  kept tokens, so each block has its own length); for a block whose rows were ragged, the query-key pairs the
+  engine's attention actually computed (``record.attention_pairs``: each row's valid queries over its own keys
+  with ``ragged_attention="varlen"``, the padded rectangle otherwise), ``2·pairs·C`` each for scores and PV.
 
 VAR (family ``"var"``), per network row, ``C`` = width, ``H_m`` = MLP hidden, ``V`` = vocabulary:
 
@@ -589,12 +591,15 @@ def count_record_flops(
             packed = record.packed_tokens[block] if record.packed_tokens else (None,) * len(counts)
             if si == 0 and arch.prefix_len:  # the first scale runs every context token
                 counts = tuple(n + arch.prefix_len for n in counts)
+            pairs = record.attention_pairs[block] if record.attention_pairs else None
             for branch, n, total in zip(arch.branches, counts, packed):
                 L = kv_len[block] if branch == "attn" else (arch.text_len if branch == "cross" else 0)
                 ops = formulas.branch(arch, branch, R, n, kv_len[block])
                 if total is not None:  # per-token ops ran on the valid tokens only; attention on the padded rows
                     per_token = formulas.branch(arch, branch, 1, total, kv_len[block])
                     ops = {op: v if op in PADDED_OPS else per_token[op] for op, v in ops.items()}
+                if branch == "attn" and pairs is not None:  # ragged rows: the query-key pairs attention computed
+                    ops.update(scores=2 * pairs * arch.embed_dim, pv=2 * pairs * arch.embed_dim)
                 report.add(si, block, branch, ops, R, n, L)
         lens = ([(block, R) for block in sorted(lens_blocks.get(si, ()))] if lens_blocks is not None
                 else record.lens_rows)

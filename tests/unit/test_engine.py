@@ -65,7 +65,7 @@ class _ObserveEverything(Policy):
         return ScalePlan(attention_blocks=blocks, lens_blocks=blocks, observe_blocks=True, observe_branches=True)
 
     def observe_attention(self, ctx, block, probs, keep):
-        assert torch.allclose(probs.sum(-1), torch.ones(()), atol=1e-5)
+        assert torch.allclose(probs.probs().sum(-1), torch.ones(()), atol=1e-5)
         self.seen["attention"] += 1
 
     def observe_lens(self, ctx, block, logits):

@@ -1,9 +1,12 @@
 """Attention statistics shared by components (ToProVAR §4.1 / §4.2 / §4.3), plus small helpers for score maps.
 
-Attention probabilities arrive from the loop as ``probs_RHnL``: ``R`` network rows, ``H`` heads, the ``n``
-computed queries of this scale (at positions ``keep_Rn`` within the scale, or all ``N`` in order when
-``keep_Rn`` is None) over the ``L`` keys cached so far. The current scale's keys are the LAST ``n`` of the ``L``
-(the KV cache appends the kept tokens of this scale after every earlier scale's keys).
+Attention arrives from the loop as an :class:`~var_core.engine.attention.AttentionProbe` (``probs_RHnL`` below):
+``R`` network rows, ``H`` heads, the ``n`` computed queries of this scale (at positions ``keep_Rn`` within the
+scale, or all ``N`` in order when ``keep_Rn`` is None) over the ``L`` keys cached so far. The probe computes the
+per-query entropy as ``log Z − E_α[s]`` blockwise and the received mass from ``log Z`` and the current keys' logits,
+so no ``[R, H, n, L]`` probability tensor is ever materialised (ToProVAR's FlashAttention-Entropy point, §4.1; cost
+and exactness in ``var_core/engine/attention.py``). A probability tensor ``[R, H, n, L]`` is accepted too (tests,
+offline analysis); there the current scale's keys are the LAST ``n`` of the ``L``.
 
 Stored maps (per generation, in :class:`~var_core.accel.base.Signals`):
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from ..engine.attention import AttentionProbe
 from ..engine.context import GuidanceMode, ScaleContext
 from .base import Signals
 
@@ -33,12 +37,15 @@ RECEIVED_MASS_KEY = "attention.received_mass"
 MISSING_FILLS = ("lowest", "row_mean")
 
 
-def query_attention_entropy(probs_RHnL: torch.Tensor) -> torch.Tensor:
+def query_attention_entropy(probs_RHnL) -> torch.Tensor:
     """``[R, n]`` per-query entropy ``H(q_i) = −Σ_j α_ij ln α_ij`` (nats), averaged over heads (ToProVAR Eq. 2).
 
     The mean is of the per-head entropies (not the entropy of the head-averaged distribution). Zero probabilities
-    (masked keys) contribute 0.
+    (masked keys) contribute 0. ``probs_RHnL``: an ``AttentionProbe`` (blockwise, nothing materialised) or the
+    probabilities themselves.
     """
+    if isinstance(probs_RHnL, AttentionProbe):
+        return probs_RHnL.query_entropy()
     p = probs_RHnL.float()
     return -torch.special.xlogy(p, p).sum(-1).mean(1)
 
@@ -64,20 +71,22 @@ def scatter_to_map(values_Rn: torch.Tensor, keep_Rn: torch.Tensor | None, num_to
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
 
 
-def received_attention_mass(probs_RHnL: torch.Tensor, keep_Rn: torch.Tensor | None, ctx: ScaleContext
+def received_attention_mass(probs_RHnL, keep_Rn: torch.Tensor | None, ctx: ScaleContext
                             ) -> torch.Tensor:
     """``[R, N]`` attention mass each current-scale token receives as a key: the sum over this scale's (distinct)
     queries of the head-averaged probability on that key. NaN where the token was not computed."""
     N = ctx.num_tokens
+    query_valid = None if keep_Rn is None else first_occurrence_Rn(keep_Rn, N)
+    if isinstance(probs_RHnL, AttentionProbe):
+        return scatter_to_map(probs_RHnL.received_mass(query_valid), keep_Rn, N)
     n = probs_RHnL.shape[2]
     to_current_Rnn = probs_RHnL[..., -n:].float().mean(1)  # [R, queries, current keys]
-    if keep_Rn is not None:
-        query_valid = first_occurrence_Rn(keep_Rn, N)
+    if query_valid is not None:
         to_current_Rnn = to_current_Rnn * query_valid.unsqueeze(-1)
     return scatter_to_map(to_current_Rnn.sum(1), keep_Rn, N)
 
 
-def record_attention_entropy(signals: Signals, ctx: ScaleContext, block: int, probs_RHnL: torch.Tensor,
+def record_attention_entropy(signals: Signals, ctx: ScaleContext, block: int, probs_RHnL,
                              keep_Rn: torch.Tensor | None) -> torch.Tensor:
     """Store (once) and return ``signals.attention_entropy[(si, block)]``: ``[R, N]``, NaN at uncomputed queries."""
     key = (ctx.scale_index, block)
@@ -87,7 +96,7 @@ def record_attention_entropy(signals: Signals, ctx: ScaleContext, block: int, pr
     return signals.attention_entropy[key]
 
 
-def record_received_mass(signals: Signals, ctx: ScaleContext, block: int, probs_RHnL: torch.Tensor,
+def record_received_mass(signals: Signals, ctx: ScaleContext, block: int, probs_RHnL,
                          keep_Rn: torch.Tensor | None) -> torch.Tensor:
     """Store (once) and return ``signals.extras["attention.received_mass"][(si, block)]`` (``[R, N]``)."""
     store = signals.extras.setdefault(RECEIVED_MASS_KEY, {})

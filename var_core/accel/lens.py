@@ -27,6 +27,15 @@ are present"); ``combine`` selects it:
 
 When the scale computes one CFG half only, every mode gives that half's entropy ``[B, N]``.
 
+Rows: only the samples that are accelerated at the scale are projected (``samples="accelerated"``, the default:
+``signals.activation_scale_B <= si`` when an activation publishes it; every sample otherwise). The others run
+dense, so nothing reads their lens entropy; their rows of the map are NaN ("not computed", as attention maps mark
+uncomputed queries) and the scale record's ``lens_rows`` counts the rows actually projected. ``samples="all"``
+projects every sample (offline analysis of a whole batch).
+
+The guidance weights inferred from the previous scale are computed once per scale (least squares over the
+previous scale's ``[2B, N, V]`` raw logits) and reused by every block's lens of that scale.
+
 Idempotent, and never ambiguous: ``signals.lens_entropy`` holds only the CANONICAL definition (the defaults
 ``combine="guided", guidance_scale=None, temperature=1.0``), stored by the first component that records it; a
 component asking for other settings gets its own map, stored in
@@ -46,7 +55,9 @@ from .base import Signals
 from .entropy import predictive_entropy
 
 LENS_COMBINES = ("guided", "cond", "mean", "per_row")
+LENS_SAMPLES = ("accelerated", "all")
 LENS_VARIANTS_KEY = "lens.variants"
+WEIGHTS_KEY = "lens.guidance_weights"
 CANONICAL_SETTINGS = ("guided", None, 1.0)
 
 
@@ -72,7 +83,21 @@ def _ramp_position(family: str, si: int, K: int) -> int:
 
 def guidance_weights(ctx: ScaleContext, signals: Signals, guidance_scale: float | None = None,
                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(α [B], β [B])`` with guided logits ``α·ℓ_u + β·(ℓ_c − ℓ_u)`` at scale ``ctx`` (see module docstring)."""
+    """``(α [B], β [B])`` with guided logits ``α·ℓ_u + β·(ℓ_c − ℓ_u)`` at scale ``ctx`` (see module docstring);
+    memoised per scale in ``signals.extras`` (every block's lens of a scale uses the same weights)."""
+    extras = getattr(signals, "extras", None)
+    key = (ctx.scale_index, guidance_scale, temperature)
+    if extras is not None:
+        memo = extras.setdefault(WEIGHTS_KEY, {})
+        if key not in memo:
+            memo.clear()  # one scale at a time
+            memo[key] = _guidance_weights(ctx, guidance_scale, temperature)
+        return memo[key]
+    return _guidance_weights(ctx, guidance_scale, temperature)
+
+
+def _guidance_weights(ctx: ScaleContext, guidance_scale: float | None, temperature: float
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     B, si, K = ctx.batch_size, ctx.scale_index, ctx.num_scales
     if guidance_scale is not None:
         if ctx.family in ("var", "hart"):
@@ -92,9 +117,23 @@ def guidance_weights(ctx: ScaleContext, signals: Signals, guidance_scale: float 
     return alpha, beta
 
 
+def lens_samples(ctx: ScaleContext, signals: Signals, samples: str = "accelerated") -> torch.Tensor | None:
+    """bool ``[B]``: the samples whose lens entropy is computed at ``ctx`` (None: every sample). ``accelerated``:
+    those whose activation scale (``signals.activation_scale_B``, when published) is reached at this scale."""
+    if samples not in LENS_SAMPLES:
+        raise ValueError(f"unknown lens samples {samples!r}; choose one of {LENS_SAMPLES}")
+    first = getattr(signals, "activation_scale_B", None)
+    if samples == "all" or first is None:
+        return None
+    active = first.cpu() <= ctx.scale_index
+    return None if bool(active.all()) else active
+
+
 def lens_entropy(ctx: ScaleContext, signals: Signals, lens: LensProbe | torch.Tensor, combine: str = "guided",
-                 guidance_scale: float | None = None, temperature: float = 1.0) -> torch.Tensor:
-    """Token entropy of the lens, CFG rows combined per ``combine`` (``[B, N]``, or ``[R, N]`` for per_row).
+                 guidance_scale: float | None = None, temperature: float = 1.0, samples: str = "accelerated"
+                 ) -> torch.Tensor:
+    """Token entropy of the lens, CFG rows combined per ``combine`` (``[B, N]``, or ``[R, N]`` for per_row); rows
+    of samples left out by ``samples`` (see :func:`lens_samples`) are NaN and never projected.
 
     ``lens`` is the loop's :class:`LensProbe` (or logits ``[R, N, V]`` already computed)."""
     if combine not in LENS_COMBINES:
@@ -102,20 +141,33 @@ def lens_entropy(ctx: ScaleContext, signals: Signals, lens: LensProbe | torch.Te
     family, B = ctx.family, ctx.batch_size
     if isinstance(lens, torch.Tensor):
         lens = LensProbe.of_logits(lens, B)
+    active = lens_samples(ctx, signals, samples)
+    index = None if active is None else active.nonzero().flatten()
     # the head projection runs in the loop's "lens" span; the entropy itself in "accel/entropy"
     tracer = getattr(getattr(signals, "info", None), "tracer", None) or NULL_TRACER
+    if index is not None and index.numel() == 0:  # nobody accelerated (asked for anyway): every sample
+        index = None
     if not lens.both_halves or combine == "per_row" or combine == "mean":
-        logits = lens.logits()
+        logits = lens.logits(index)
     elif combine == "cond":
-        logits = lens.cond_logits()
+        logits = lens.cond_logits(index)
     else:
         alpha, beta = guidance_weights(ctx, signals, guidance_scale, temperature)
         # α·ℓ_u + β·(ℓ_c − ℓ_u) = β·ℓ_c + (α − β)·ℓ_u
-        logits = lens.mixed_logits(beta, alpha - beta)
+        logits = lens.mixed_logits(beta, alpha - beta, index)
     with tracer.span("accel/entropy", ctx.scale_index):
         if combine == "mean" and lens.both_halves:
-            return 0.5 * (predictive_entropy(logits[:B], family) + predictive_entropy(logits[B:], family))
-        return predictive_entropy(logits, family)
+            b = logits.shape[0] // 2
+            entropy = 0.5 * (predictive_entropy(logits[:b], family) + predictive_entropy(logits[b:], family))
+        else:
+            entropy = predictive_entropy(logits, family)
+    if index is None:
+        return entropy
+    both_rows = combine == "per_row" and lens.both_halves  # [R, N]: cond rows, then uncond rows
+    out = entropy.new_full((2 * B if both_rows else B, entropy.shape[-1]), float("nan"))
+    target = torch.cat((index, index + B)) if both_rows else index
+    out[target.to(out.device)] = entropy
+    return out
 
 
 def _store(signals: Signals, settings: tuple) -> dict:
@@ -128,7 +180,8 @@ def record_lens_entropy(signals: Signals, ctx: ScaleContext, block: int, lens: L
                         combine: str = "guided", guidance_scale: float | None = None, temperature: float = 1.0
                         ) -> torch.Tensor:
     """Store (once) and return the lens entropy of the hidden state AFTER ``block`` (= entering ``block + 1``):
-    ``signals.lens_entropy[(si, block)]`` for the canonical settings, a variant store otherwise."""
+    ``signals.lens_entropy[(si, block)]`` for the canonical settings, a variant store otherwise. Rows of samples
+    not accelerated at this scale are NaN (module docstring, "Rows")."""
     store = _store(signals, (combine, guidance_scale, temperature))
     key = (ctx.scale_index, block)
     if key not in store:
@@ -142,5 +195,5 @@ def lens_entropy_map(signals: Signals, si: int, block: int, combine: str = "guid
     return _store(signals, (combine, guidance_scale, temperature)).get((si, block))
 
 
-__all__ = ["CANONICAL_SETTINGS", "LENS_COMBINES", "guidance_weights", "lens_entropy", "lens_entropy_map",
-           "record_lens_entropy"]
+__all__ = ["CANONICAL_SETTINGS", "LENS_COMBINES", "LENS_SAMPLES", "guidance_weights", "lens_entropy",
+           "lens_entropy_map", "lens_samples", "record_lens_entropy"]

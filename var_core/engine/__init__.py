@@ -1,5 +1,6 @@
 """The generation engine: one next-scale loop with hook slots (see DESIGN.md)."""
 
+from .attention import AttentionProbe
 from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
 from .lens_probe import LensProbe
 from .loop import GenerationOptions, GenerationResult, NonFiniteLogitsError, generate
@@ -8,6 +9,6 @@ from .sampling import SamplingConfig
 from .tracing import NULL_TRACER, Tracer
 
 __all__ = [
-    "GenerationInfo", "GenerationOptions", "GenerationResult", "GuidanceMode", "LensProbe", "NonFiniteLogitsError", "Policy",
+    "AttentionProbe", "GenerationInfo", "GenerationOptions", "GenerationResult", "GuidanceMode", "LensProbe", "NonFiniteLogitsError", "Policy",
     "SamplingConfig", "TokenSelection", "pad_ragged_selection", "ScaleContext", "ScalePlan", "ScaleRecord", "Tracer", "NULL_TRACER", "generate",
 ]

@@ -54,6 +54,10 @@ class ScaleRecord:
     # per block, per branch: valid tokens summed over rows when the per-token work ran packed (ragged selections,
     # engine.packing), else None; empty when nothing was packed at this scale
     packed_tokens: tuple[tuple[int | None, ...], ...] = ()
+    # per block: query-key pairs the self-attention computed, summed over rows, for blocks whose rows were ragged
+    # (engine.attention: varlen rows attend with their own valid queries to their own keys), else None; empty
+    # when no block was ragged (attention is then the rectangle rows x queries x cached keys)
+    attention_pairs: tuple[int | None, ...] = ()
     # the image decoded from the latent accumulated up to this scale, [B, 3, H, W] in [0, 1]; only when the plan
     # asked for it (ScalePlan.decode_latent: pixel-domain criteria such as LD-Pruning's |I_k - I_{k-1}|)
     image_B3HW: torch.Tensor | None = None

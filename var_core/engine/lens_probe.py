@@ -13,6 +13,11 @@ first use and memoised, so two components reading the same lens never pay twice.
 rows that went through the head's projection; the loop stores it in the scale record so that FLOPs counts
 follow what was actually computed. A probe is valid during the ``observe_lens`` call only (it reads the live
 generation state).
+
+Sample subsets: every accessor takes an optional ``samples`` (bool ``[B]`` or sorted int64 indices) and then
+projects only those samples' rows (their cond row, their mixed row, or both CFG rows for :meth:`logits`), returning
+them in sample order. NOVA reads the lens only for samples that are accelerated at the scale (the others run
+dense), so in a batch where some samples have not activated yet the head runs on the active ones alone.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ class LensProbe:
         self.rows = rows
         self._logits: torch.Tensor | None = None
         self._parts: HeadParts | None = None
-        self._mixed: dict[tuple, torch.Tensor] = {}
+        self._cache: dict[tuple, torch.Tensor] = {}
         self.projected_rows = 0  # rows projected through the head so far (for FLOPs accounting)
 
     @classmethod
@@ -57,12 +62,48 @@ class LensProbe:
     def both_halves(self) -> bool:
         return self.rows == 2 * self.batch_size
 
-    def logits(self) -> torch.Tensor:
-        """``[R, N, V]``: the head on every row."""
-        if self._logits is None:
-            self._logits = self._full_logits()
-            self.projected_rows += self.rows
-        return self._logits
+    def _sample_index(self, samples) -> torch.Tensor | None:
+        """Sorted int64 sample indices of ``samples`` (None: every sample)."""
+        if samples is None:
+            return None
+        samples = torch.as_tensor(samples)
+        if samples.dtype == torch.bool:
+            if samples.shape != (self.batch_size,):
+                raise ValueError(f"samples mask has shape {tuple(samples.shape)}, expected ({self.batch_size},)")
+            if bool(samples.all()):
+                return None
+            return samples.nonzero().flatten()
+        index = samples.long().flatten()
+        return None if index.numel() == self.batch_size and bool(
+            (index == torch.arange(self.batch_size, device=index.device)).all()) else index
+
+    def _rows_of(self, index: torch.Tensor, halves: int) -> torch.Tensor:
+        """Network rows of the samples ``index``: their cond rows (``halves=1``), or cond then uncond rows."""
+        if halves == 1:
+            return index
+        return torch.cat((index, index + self.batch_size))
+
+    def logits(self, samples=None) -> torch.Tensor:
+        """``[R, N, V]``: the head on every row (``samples``: the cond rows of those samples, then their uncond rows
+        when both halves run)."""
+        index = self._sample_index(samples)
+        if index is None or self._logits is not None:
+            if self._logits is None:
+                self._logits = self._full_logits()
+                self.projected_rows += self.rows
+            if index is None:
+                return self._logits
+            return self._logits[self._rows_of(index.to(self._logits.device), 2 if self.both_halves else 1)]
+        key = ("logits", tuple(index.tolist()))
+        if key not in self._cache:
+            parts = self._features()
+            rows = self._rows_of(index, 2 if self.both_halves else 1)
+            if parts is None:  # no head parts: the full head, then the rows asked for
+                return self.logits()[rows.to(self.logits().device)]
+            features, linear = parts
+            self._cache[key] = F.linear(features[rows.to(features.device)], linear.weight, linear.bias).float()
+            self.projected_rows += int(rows.numel())
+        return self._cache[key]
 
     def _features(self) -> HeadParts | None:
         if self._head_parts is None:
@@ -71,34 +112,55 @@ class LensProbe:
             self._parts = self._head_parts()
         return self._parts
 
-    def cond_logits(self) -> torch.Tensor:
-        """``[B, N, V]``: the first ``B`` rows (the conditional half, or the only half)."""
+    def cond_logits(self, samples=None) -> torch.Tensor:
+        """``[B, N, V]``: the first ``B`` rows (the conditional half, or the only half); ``samples``: those samples'
+        rows only, in sample order."""
+        index = self._sample_index(samples)
         parts = None if self._logits is not None or not self.both_halves else self._features()
         if parts is None:
-            return self.logits()[: self.batch_size]
-        features, linear = parts
-        self.projected_rows += self.batch_size
-        return F.linear(features[: self.batch_size], linear.weight, linear.bias).float()
+            if not self.both_halves:
+                return self.logits(samples)
+            logits = self.logits()[: self.batch_size]
+            return logits if index is None else logits[index.to(logits.device)]
+        key = ("cond", None if index is None else tuple(index.tolist()))
+        if key not in self._cache:
+            features, linear = parts
+            features = features[: self.batch_size] if index is None else features[index.to(features.device)]
+            self._cache[key] = F.linear(features, linear.weight, linear.bias).float()
+            self.projected_rows += features.shape[0]
+        return self._cache[key]
 
-    def mixed_logits(self, cond_weight_B: torch.Tensor, uncond_weight_B: torch.Tensor) -> torch.Tensor:
-        """``[B, N, V]`` = ``w_c·ℓ_cond + w_u·ℓ_uncond`` per sample (both CFG halves must be present)."""
+    def mixed_logits(self, cond_weight_B: torch.Tensor, uncond_weight_B: torch.Tensor, samples=None) -> torch.Tensor:
+        """``[B, N, V]`` = ``w_c·ℓ_cond + w_u·ℓ_uncond`` per sample (both CFG halves must be present); ``samples``:
+        those samples only (``[b, N, V]`` in sample order; the weights stay per sample, ``[B]``)."""
         if not self.both_halves:
             raise ValueError(f"mixed_logits needs both CFG halves ({2 * self.batch_size} rows), got {self.rows}")
         B = self.batch_size
-        key = (tuple(cond_weight_B.tolist()), tuple(uncond_weight_B.tolist()))
-        if key in self._mixed:
-            return self._mixed[key]
+        index = self._sample_index(samples)
+        key = ("mixed", tuple(cond_weight_B.tolist()), tuple(uncond_weight_B.tolist()),
+               None if index is None else tuple(index.tolist()))
+        if key in self._cache:
+            return self._cache[key]
+        if index is not None:
+            cond_weight_B, uncond_weight_B = cond_weight_B[index.cpu()], uncond_weight_B[index.cpu()]
+        b = B if index is None else int(index.numel())
         parts = None if self._logits is not None else self._features()
         if parts is None:
             logits = self.logits().float()
-            wc, wu = (w.to(logits.device, logits.dtype).view(B, 1, 1) for w in (cond_weight_B, uncond_weight_B))
-            mixed = wc * logits[:B] + wu * logits[B:]
+            cond, uncond = logits[:B], logits[B:]
+            if index is not None:
+                cond, uncond = cond[index.to(logits.device)], uncond[index.to(logits.device)]
+            wc, wu = (w.to(logits.device, logits.dtype).view(b, 1, 1) for w in (cond_weight_B, uncond_weight_B))
+            mixed = wc * cond + wu * uncond
         else:
             features, linear = parts
-            wc, wu = (w.to(features.device, features.dtype).view(B, 1, 1) for w in (cond_weight_B, uncond_weight_B))
-            mixed = F.linear(wc * features[:B] + wu * features[B:], linear.weight).float()
-            self.projected_rows += B
+            cond, uncond = features[:B], features[B:]
+            if index is not None:
+                cond, uncond = cond[index.to(features.device)], uncond[index.to(features.device)]
+            wc, wu = (w.to(features.device, features.dtype).view(b, 1, 1) for w in (cond_weight_B, uncond_weight_B))
+            mixed = F.linear(wc * cond + wu * uncond, linear.weight).float()
+            self.projected_rows += b
             if linear.bias is not None:
                 mixed = mixed + (wc + wu).float() * linear.bias.float()
-        self._mixed[key] = mixed
+        self._cache[key] = mixed
         return mixed

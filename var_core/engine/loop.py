@@ -49,6 +49,15 @@ class GenerationOptions:
     check_finite: bool = True  # one reduction per scale; on GPU it synchronises (turn off for timing runs)
     decode: bool = True
     keep_raw_logits: bool = True  # raw per-row logits in each ScaleRecord (references, no copy)
+    # attention of ragged selections: "varlen" = each row's valid queries over its valid keys (packed KV cache,
+    # engine.attention); "padded" = the padded rectangle with a mask (the reference path). Dense runs: identical.
+    ragged_attention: str = "varlen"
+
+    def __post_init__(self) -> None:
+        from .attention import RAGGED_ATTENTION
+
+        if self.ragged_attention not in RAGGED_ATTENTION:
+            raise ValueError(f"ragged_attention={self.ragged_attention!r}; choose one of {RAGGED_ATTENTION}")
 
 
 def _make_generators(seeds: Sequence[int] | None, batch_size: int, device: torch.device):
@@ -100,6 +109,7 @@ def generate(
     policy.start(generation_info(adapter, B, guidance, tracer, sampling))
     try:
         with adapter.kv_cache() as cache:
+            cache.set_layout("packed" if options.ragged_attention == "varlen" else "padded")
             for si, hw in enumerate(adapter.scale_hw):
                 ctx = ScaleContext(si, adapter.num_scales, hw, offsets[si], B, guidance, adapter.num_blocks,
                                    branches, adapter.family, tuple(records))
@@ -143,11 +153,13 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     kept_counts: list[tuple[int, ...]] = []
     lens_rows: list[tuple[int, int]] = []
     packed_counts: list[tuple[int | None, ...]] = []
+    pairs: list[int | None] = []
     packing, last_keep = None, None
     for block in range(ctx.num_blocks):
         x_in_RNC = x_RNC
         want_probs = block in plan.attention_blocks
         counts, packed = [], []
+        block_pairs = None
         for branch in ctx.branches:
             keep_Rn = valid_Rn = None
             if plan.prune:
@@ -165,7 +177,9 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
             with tracer.span(branch, si, block):
                 out, probs = adapter.run_branch(state, si, block, branch, tokens_in, keep_Rn, valid_Rn, cache,
                                                 want_probs and branch == "attn", packing=packing)
-            if probs is not None:
+            if branch == "attn":
+                block_pairs = cache.take_attention_pairs(block)
+            if probs is not None:  # an AttentionProbe (engine.attention): statistics computed on demand
                 policy.observe_attention(ctx, block, probs, keep_Rn)
             if keep_Rn is not None:
                 with tracer.span("restore", si, block):
@@ -177,6 +191,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
             packed.append(packing.total if packing is not None else None)
         kept_counts.append(tuple(counts))
         packed_counts.append(tuple(packed))
+        pairs.append(block_pairs)
         if plan.observe_blocks:
             policy.observe_block(ctx, block, x_in_RNC, x_RNC)
         if block in plan.lens_blocks:
@@ -214,5 +229,6 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         guided_logits_BNV=guided_BNV, raw_logits_RNV=raw_logits_RNV if options.keep_raw_logits else None,
         kept_tokens=tuple(kept_counts), lens_rows=tuple(lens_rows),
         packed_tokens=tuple(packed_counts) if any(c is not None for b in packed_counts for c in b) else (),
+        attention_pairs=tuple(pairs) if any(p is not None for p in pairs) else (),
         image_B3HW=image,
     )

@@ -74,8 +74,10 @@ class Policy:
         """Kept token indices ``[R, n]`` (sorted per row) for this branch, a ragged TokenSelection, or None."""
         return None
 
-    def observe_attention(self, ctx: ScaleContext, block: int, probs_RHnL: torch.Tensor, keep_Rn: torch.Tensor | None) -> None:
-        """``probs`` are the attention probabilities of the computed queries over all cached keys."""
+    def observe_attention(self, ctx: ScaleContext, block: int, probs_RHnL, keep_Rn: torch.Tensor | None) -> None:
+        """``probs_RHnL`` is an :class:`~var_core.engine.attention.AttentionProbe` of the computed queries over all
+        cached keys: ``query_entropy()`` and ``received_mass()`` without materialising the probabilities,
+        ``probs()`` materialised (``[R, H, n, L]``). Valid during the call only."""
 
     def restore(
         self,

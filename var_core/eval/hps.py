@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .image_reward import _find_tokenizer, _read_state_dict, find_checkpoint
+from .image_reward import open_released_checkpoint
 from .metric_base import MetricUnavailable
 
 __all__ = ["HPSConfig", "OpenCLIPModel", "LoadedHPS", "load_hps", "hps_scores", "WEIGHT_FILE", "VIT_H_14"]
@@ -241,22 +241,10 @@ def load_hps(path: str | Path | None, *, tokenizer: str | Path | None = None, co
              **overrides) -> LoadedHPS:
     """HPSv2.1 from the released checkpoint (file or folder) and a local CLIP tokenizer folder;
     :class:`MetricUnavailable` with what is missing otherwise. ``overrides``: fields of :class:`HPSConfig`."""
-    flag = "--hps-weights"
-    if path is None:
-        raise MetricUnavailable(f"HPSv2.1 needs the released {WEIGHT_FILE}: pass {flag} FILE_OR_DIR (with a CLIP "
-                                f"tokenizer/ folder beside it; nothing is downloaded)")
-    checkpoint = find_checkpoint(path, WEIGHT_FILE, "HPSv2.1", flag)
-    tok_dir = _find_tokenizer(checkpoint, tokenizer, TOKENIZER_DIRS, "vocab.json|tokenizer.json", "HPSv2.1", flag)
-    try:
-        import transformers  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        raise MetricUnavailable(f"HPSv2.1's tokenizer needs the 'transformers' package ({type(exc).__name__}: "
-                                f"{exc})") from None
-    sd = _read_state_dict(checkpoint, "HPSv2.1")
-    model_config = None
-    cfg_path = checkpoint.parent / "model_config.json"
-    if cfg_path.is_file():
-        model_config = json.loads(cfg_path.read_text())
+    checkpoint, tok_dir, sd, model_config = open_released_checkpoint(
+        path, tokenizer, weight_file=WEIGHT_FILE, tokenizer_dirs=TOKENIZER_DIRS,
+        tokenizer_files="vocab.json|tokenizer.json", side_config="model_config.json", what="HPSv2.1",
+        flag="--hps-weights", beside="a CLIP tokenizer/ folder")
     cfg = config or HPSConfig.from_state_dict(sd, model_config, **overrides)
     if config is not None and overrides:
         cfg = replace(cfg, **overrides)

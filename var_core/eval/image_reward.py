@@ -343,6 +343,27 @@ class ImageRewardModel(nn.Module):
 
 
 # ----- loading ---------------------------------------------------------------------------------------------
+def open_released_checkpoint(path: str | Path | None, tokenizer: str | Path | None, *, weight_file: str,
+                             tokenizer_dirs: Sequence[str], tokenizer_files: str, side_config: str, what: str,
+                             flag: str, beside: str) -> tuple[Path, Path, dict[str, torch.Tensor], dict | None]:
+    """What ImageReward and HPSv2.1 both need before building a model: the checkpoint (file or folder), its local
+    tokenizer folder, the state dict (weights-only) and the optional side config JSON next to the checkpoint.
+    :class:`MetricUnavailable` says what is missing; nothing is downloaded."""
+    if path is None:
+        raise MetricUnavailable(f"{what} needs the released {weight_file}: pass {flag} FILE_OR_DIR (with {beside} "
+                                f"beside it; nothing is downloaded)")
+    checkpoint = find_checkpoint(path, weight_file, what, flag)
+    tok_dir = _find_tokenizer(checkpoint, tokenizer, tokenizer_dirs, tokenizer_files, what, flag)
+    try:
+        import transformers  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        raise MetricUnavailable(f"{what}'s tokenizer needs the 'transformers' package ({type(exc).__name__}: "
+                                f"{exc})") from None
+    sd = _read_state_dict(checkpoint, what)
+    side = checkpoint.parent / side_config
+    return checkpoint, tok_dir, sd, (json.loads(side.read_text()) if side.is_file() else None)
+
+
 def find_checkpoint(path: str | Path, name: str, what: str, flag: str) -> Path:
     """``path`` itself (a file) or ``path/name`` (a folder); :class:`MetricUnavailable` naming what was searched."""
     p = Path(path).expanduser()
@@ -431,22 +452,10 @@ def load_image_reward(path: str | Path | None, *, tokenizer: str | Path | None =
     """ImageReward from the released ``ImageReward.pt`` (file or folder) and a local ``bert-base-uncased``
     tokenizer; :class:`MetricUnavailable` with what is missing otherwise. ``overrides``: fields of
     :class:`ImageRewardConfig` (e.g. ``first_token="enc"``)."""
-    flag = "--image-reward-weights"
-    if path is None:
-        raise MetricUnavailable(f"ImageReward needs the released ImageReward.pt: pass {flag} FILE_OR_DIR (with a "
-                                f"bert-base-uncased/ tokenizer folder beside it; nothing is downloaded)")
-    checkpoint = find_checkpoint(path, WEIGHT_FILE, "ImageReward", flag)
-    tok_dir = _find_tokenizer(checkpoint, tokenizer, TOKENIZER_DIRS, "vocab.txt|tokenizer.json", "ImageReward", flag)
-    try:
-        import transformers  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        raise MetricUnavailable(f"ImageReward's tokenizer needs the 'transformers' package ({type(exc).__name__}: "
-                                f"{exc})") from None
-    sd = _read_state_dict(checkpoint, "ImageReward")
-    med = None
-    med_path = checkpoint.parent / "med_config.json"
-    if med_path.is_file():
-        med = json.loads(med_path.read_text())
+    checkpoint, tok_dir, sd, med = open_released_checkpoint(
+        path, tokenizer, weight_file=WEIGHT_FILE, tokenizer_dirs=TOKENIZER_DIRS,
+        tokenizer_files="vocab.txt|tokenizer.json", side_config="med_config.json", what="ImageReward",
+        flag="--image-reward-weights", beside="a bert-base-uncased/ tokenizer folder")
     cfg = config or ImageRewardConfig.from_state_dict(sd, med, **overrides)
     if config is not None and overrides:
         cfg = replace(cfg, **overrides)

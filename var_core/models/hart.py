@@ -276,8 +276,10 @@ class HARTAttention(nn.Module):
             k = F.normalize(k, dim=-1)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
 
-    def attend(self, q, k, v, attn_bias: torch.Tensor | None = None, return_probs: bool = False, packing=None):
-        """Softmax attention of ``q`` over ``k``/``v`` (``attn_bias`` additive), then ``proj``."""
+    def attend(self, q, k, v, attn_bias: torch.Tensor | None = None, return_probs: bool = False, packing=None,
+               core=None):
+        """Softmax attention of ``q`` over ``k``/``v`` (``attn_bias`` additive), then ``proj``; ``core(q, k, v,
+        attn_bias, scale)``: the caller's attention instead of SDPA (the engine's, over its KV cache)."""
         R, H, n, hd = q.shape
         probs = None
         if return_probs:
@@ -286,6 +288,8 @@ class HARTAttention(nn.Module):
                 scores = scores + attn_bias
             probs = scores.softmax(dim=-1)
             out = torch.matmul(probs, v)
+        elif core is not None:
+            out = core(q, k, v, attn_bias, self.scale)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=self.scale)
         out = out.transpose(1, 2).reshape(R, n, H * hd)

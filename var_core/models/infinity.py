@@ -283,7 +283,8 @@ class SelfAttention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None = None,
-               return_probs: bool = False, packing=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               return_probs: bool = False, packing=None, core=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``core(q, k, v, attn_bias, scale)``: the caller's attention (the engine's, over its KV cache)."""
         B, H, n, hd = q.shape
         probs = None
         if return_probs:
@@ -292,6 +293,8 @@ class SelfAttention(nn.Module):
                 scores = scores + attn_bias
             probs = scores.softmax(dim=-1)
             out = torch.matmul(probs, v)
+        elif core is not None:
+            out = core(q, k, v, attn_bias, 1.0)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=1.0)
         out = out.transpose(1, 2).reshape(B, n, H * hd)

@@ -121,11 +121,13 @@ class SelfAttention(nn.Module):
         attn_bias: torch.Tensor | None = None,
         return_probs: bool = False,
         packing=None,
+        core=None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of the queries over the given keys, then the output projection.
 
-        With ``return_probs`` the probabilities are materialised (eager path, used only for blocks where an
-        observer asked for them); otherwise PyTorch's fused SDPA runs.
+        With ``return_probs`` the probabilities are materialised (eager path); otherwise PyTorch's fused SDPA runs,
+        or ``core(q, k, v, attn_bias, scale)`` when the caller supplies one (the engine's attention over its KV
+        cache, ``var_core.engine.attention.CachedAttention``).
         """
         B, H, n, hd = q_BHnd.shape
         if return_probs:
@@ -134,6 +136,9 @@ class SelfAttention(nn.Module):
                 scores = scores + attn_bias
             probs = scores.softmax(dim=-1)
             out = torch.matmul(probs, v_BHLd)
+        elif core is not None:
+            probs = None
+            out = core(q_BHnd, k_BHLd, v_BHLd, attn_bias, self.scale)
         else:
             probs = None
             out = F.scaled_dot_product_attention(q_BHnd, k_BHLd, v_BHLd, attn_mask=attn_bias, scale=self.scale)

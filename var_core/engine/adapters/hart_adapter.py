@@ -53,6 +53,7 @@ from ...models.hart_diffusion import torch_noise
 from ...models.hart_text import HARTContext
 from ...models.hart_tokenizer import HARTTokenizer, tokens_to_map
 from ..context import GuidanceMode
+from ..attention import CachedAttention
 from ..kvcache import KVCache
 from ..packing import RowPacking
 from ..sampling import SamplingConfig, draw_categorical, filter_top_k_top_p
@@ -293,9 +294,10 @@ class HARTAdapter(ModelAdapter):
             return blk.ffn_branch(x_RnC, mods, packing), None
         cos, sin = self._rope(state, si, keep_Rn)
         q, k, v = blk.attn.project_qkv(blk.attn_input(x_RnC, mods), cos, sin, packing)
-        k_all, v_all, key_bias = cache.append(block, k, v, valid_Rn)
-        out, probs = blk.attn.attend(q, k_all, v_all, key_bias, return_probs=want_probs, packing=packing)
-        return blk.attn_output(out, mods), probs
+        kv = cache.append(block, k, v, valid_Rn)
+        core = CachedAttention(kv, valid_Rn if packing is not None else None)  # ragged: valid tokens only
+        out, _ = blk.attn.attend(q, kv.keys, kv.values, kv.bias, packing=packing, core=core)
+        return blk.attn_output(out, mods), (core.probe() if want_probs else None)
 
     def _context_branch(self, state: HARTState, blk, block: int, branch: str, x_R1C: torch.Tensor, cache: KVCache,
                         want_probs: bool):
@@ -306,10 +308,11 @@ class HARTAdapter(ModelAdapter):
         probs = None
         if branch == "attn":
             q, k, v = blk.attn.project_qkv(blk.attn_input(full, mods), state.ctx_cos, state.ctx_sin)
-            k_all, v_all, key_bias = cache.append(block, k, v)
-            out, probs = blk.attn.attend(q, k_all, v_all, key_bias, return_probs=want_probs)
+            kv = cache.append(block, k, v)
+            core = CachedAttention(kv)
+            out, _ = blk.attn.attend(q, kv.keys, kv.values, kv.bias, core=core)
             out = blk.attn_output(out, mods)
-            probs = probs[:, :, -1:] if probs is not None else None
+            probs = core.probe(last_queries=1) if want_probs else None  # the loop's token: the last context one
         else:
             out = blk.ffn_branch(full, mods)
         state.ctx_x_RLC = full + out

@@ -38,6 +38,7 @@ from ...models.bsq_vae import BSQVAE, patchify_latent, unpatchify_bits
 from ...models.infinity import Infinity, RopeTables, TextContext, rope_reference_hw, scale_schedule
 from ...models.text_encoder import TextTokens
 from ..context import GuidanceMode
+from ..attention import CachedAttention
 from ..kvcache import KVCache
 from ..packing import RowPacking
 from ..sampling import SamplingConfig, draw_categorical
@@ -269,9 +270,10 @@ class InfinityAdapter(ModelAdapter):
         if branch == "attn":
             cos, sin = self._rope(si, x_RnC.shape[1], keep_Rn)
             q, k, v = blk.sa.project_qkv(blk.attn_input(x_RnC, mods), cos, sin, packing)
-            k_all, v_all, key_bias = cache.append(block, k, v, valid_Rn)
-            out, probs = blk.sa.attend(q, k_all, v_all, key_bias, return_probs=want_probs, packing=packing)
-            return blk.attn_output(out, mods), probs
+            kv = cache.append(block, k, v, valid_Rn)
+            core = CachedAttention(kv, valid_Rn if packing is not None else None)  # ragged: valid tokens only
+            out, _ = blk.sa.attend(q, kv.keys, kv.values, kv.bias, packing=packing, core=core)
+            return blk.attn_output(out, mods), (core.probe() if want_probs else None)
         if branch == "cross":
             k_t, v_t = state.text_kv[block]
             return blk.cross_branch(x_RnC, k_t, v_t, state.text_mask_RL, packing), None

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ...models.var import VAR
 from ..context import GuidanceMode
+from ..attention import CachedAttention
 from ..kvcache import KVCache
 from ..packing import RowPacking
 from ..sampling import SamplingConfig, draw_categorical
@@ -112,12 +113,14 @@ class VARAdapter(ModelAdapter):
         if branch != "attn":
             raise ValueError(f"VAR blocks have branches 'attn' and 'ffn', not {branch!r}")
         q, k, v = blk.attn.project_qkv(blk.attn_input(x_RnC, mods), packing)
-        k_all, v_all, key_bias = cache.append(block, k, v, valid_Rn)
-        out, probs = blk.attn.attend(q, k_all, v_all, key_bias, return_probs=want_probs, packing=packing)
-        return blk.attn_output(out, mods), probs
+        kv = cache.append(block, k, v, valid_Rn)
+        # ragged rows: attention on each row's valid queries and keys (padding queries are dropped by the packing)
+        core = CachedAttention(kv, valid_Rn if packing is not None else None)
+        out, _ = blk.attn.attend(q, kv.keys, kv.values, kv.bias, packing=packing, core=core)
+        return blk.attn_output(out, mods), (core.probe() if want_probs else None)
 
     def row_packing(self, keep_Rn: torch.Tensor, valid_Rn: torch.Tensor | None) -> RowPacking | None:
-        # ragged selections: QKV, out-projection and MLP on the valid tokens only (attention stays padded)
+        # ragged selections: QKV, out-projection and MLP on the valid tokens only (attention: engine.attention)
         return RowPacking(keep_Rn, valid_Rn) if RowPacking.worthwhile(valid_Rn) else None
 
     def logits(self, state: VARState, x_RNC: torch.Tensor) -> torch.Tensor:

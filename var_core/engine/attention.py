@@ -1,0 +1,322 @@
+"""Self-attention over the engine's KV cache: ragged rows on their valid tokens only, and attention statistics
+(per-query entropy, attention mass received) without materialising the probabilities.
+
+Ragged rows (``attention="varlen"``, the default of :class:`~var_core.engine.loop.GenerationOptions`). A ragged
+:class:`~var_core.engine.policy.TokenSelection` pads short rows to the batch's largest keep count. The cache
+(``KVCache`` with ``layout="packed"``) stores each row's valid keys contiguously, so row ``r`` holds ``len_r`` keys
+at positions ``[0, len_r)``; :class:`CachedAttention` then runs SDPA per group of rows with the same
+``(queries, keys)`` counts, each group a strided view of the batch (no copies of the cache), and every row attends
+with its own valid queries to its own valid keys: ``Σ_r n_r·len_r`` query-key pairs instead of
+``R·n_max·len_max``. With ``attention="padded"`` the cache keeps padding entries in place and SDPA runs on the
+padded rectangle with an additive mask (the engine's behaviour before issue 16; tests compare the two). A dense
+generation (no ragged selection) takes neither path: one SDPA call, bit-identical to the official sampler.
+
+Attention statistics (:class:`AttentionProbe`, handed to ``Policy.observe_attention`` instead of a probability
+tensor). ToProVAR's entropy ``H_i = −Σ_j α_ij log α_ij`` equals ``log Z_i − E_α[s_i]`` with ``s_ij`` the scaled
+logits and ``Z_i = Σ_j exp(s_ij)``; both terms come from a blockwise pass that never holds more than one
+``[queries-chunk × keys-chunk]`` tile per head:
+
+* ``method="fused"`` (CPU default): PyTorch's CPU flash-attention kernel returns ``log Z`` with its output; run with
+  the KEYS as values it returns ``E_α[k]``, and ``E_α[s] = scale · q·E_α[k]`` (specs/methods.md §4.1, "exact,
+  simpler PyTorch route"). One extra fused attention call per observed block.
+* ``method="chunked"`` (every device): an online log-sum-exp over key chunks (running max ``m``, ``Z`` and
+  ``Σ exp(s − m)·s``, rescaled when the max grows), query chunk by query chunk — the FlashAttention-Entropy
+  recurrence written in PyTorch ops, in float32.
+* ``method="materialised"``: the probabilities ``[R, H, n, L]`` and ``−Σ p log p`` (the reference; tests only).
+
+All three agree to float error (``tests/unit/test_attention_entropy_chunked.py``). The attention OUTPUT of an
+observed block is the ordinary SDPA output, so observing a block no longer changes what it computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+RAGGED_ATTENTION = ("varlen", "padded")
+ENTROPY_METHODS = ("auto", "fused", "chunked", "materialised")
+
+
+@dataclass
+class CachedKV:
+    """What :meth:`KVCache.append` returns: views over a block's cached keys and values after this append.
+
+    ``keys``/``values`` are ``[R, H, L, d]`` with ``L`` the longest row; ``bias`` an additive ``[R, 1, 1, L]`` mask
+    (0 = valid key, −inf = padding or beyond the row's length) or None when every row's ``L`` keys are valid;
+    ``lengths`` the valid keys per row (packed layout, only when rows differ; None otherwise); ``current_Rn``
+    the cache position of the key appended for each query slot of this scale and ``current_valid_Rn`` which of
+    them are real keys (None: all). Unpacks as ``keys, values, bias`` (the tuple ``append`` returned before).
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    bias: torch.Tensor | None
+    lengths: tuple[int, ...] | None
+    current_Rn: torch.Tensor
+    current_valid_Rn: torch.Tensor | None
+    packed: bool
+    on_pairs: Callable[[int], None] | None = None  # the cache's record of the query-key pairs computed
+
+    def __iter__(self) -> Iterator[torch.Tensor | None]:
+        return iter((self.keys, self.values, self.bias))
+
+
+# ------------------------------------------------------------------------------------------------ row groups
+def row_groups(query_counts: Sequence[int], key_lengths: Sequence[int]) -> list[tuple[slice, int, int]]:
+    """Rows with equal ``(queries, keys)`` counts, as strided slices: ``[(rows, n, L), …]`` covering every row once.
+
+    Rows of one group are split into arithmetic runs (e.g. the cond row ``b`` and uncond row ``b + B`` of a sample,
+    or a block of consecutive rows), so each slice is a view of the batch. Rows with no query are left out."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for r, (n, L) in enumerate(zip(query_counts, key_lengths)):
+        if n > 0:
+            groups.setdefault((int(n), int(L)), []).append(r)
+    out = []
+    for (n, L), rows in groups.items():
+        i = 0
+        while i < len(rows):
+            if i + 1 == len(rows):
+                out.append((slice(rows[i], rows[i] + 1), n, L))
+                break
+            step = rows[i + 1] - rows[i]
+            j = i + 1
+            while j + 1 < len(rows) and rows[j + 1] - rows[j] == step:
+                j += 1
+            out.append((slice(rows[i], rows[j] + 1, step), n, L))
+            i = j + 1
+    return out
+
+
+def _prefix_counts(valid_Rn: torch.Tensor) -> list[int] | None:
+    """Valid query count per row when every row's valid slots form a prefix (padding at the end), else None."""
+    counts = valid_Rn.sum(1)
+    prefix = torch.arange(valid_Rn.shape[1], device=valid_Rn.device).view(1, -1) < counts.view(-1, 1)
+    return counts.tolist() if bool((prefix == valid_Rn).all()) else None
+
+
+class CachedAttention:
+    """The attention core a model's ``attend(..., core=...)`` calls: ``core(q, k, v, attn_bias, scale) -> out``.
+
+    Runs varlen (row groups, valid queries and keys only) when the cache is packed and the rows are ragged and
+    ``query_valid_Rn`` is given (padding query slots then get zeros: the caller drops them, e.g. a
+    :class:`~var_core.engine.packing.RowPacking`); otherwise one SDPA call with the cache's mask. ``pairs`` is the
+    number of query-key pairs computed (summed over rows; FLOPs = ``4·pairs·head_dim·heads``), reported to the
+    cache. After the call, :meth:`probe` gives the block's :class:`AttentionProbe`.
+    """
+
+    def __init__(self, kv: CachedKV, query_valid_Rn: torch.Tensor | None = None):
+        self.kv = kv
+        self.query_valid_Rn = query_valid_Rn
+        self.pairs = 0
+        self._q: torch.Tensor | None = None
+        self._scale = 1.0
+
+    def __call__(self, q_RHnd: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None,
+                 scale: float) -> torch.Tensor:
+        kv = self.kv
+        self._q, self._scale = q_RHnd, float(scale)
+        R, H, n, _ = q_RHnd.shape
+        L = kv.keys.shape[2]
+        counts = None
+        if kv.packed and (kv.lengths is not None or self.query_valid_Rn is not None):
+            counts = [n] * R if self.query_valid_Rn is None else _prefix_counts(self.query_valid_Rn)
+        lengths = kv.lengths if kv.lengths is not None else (L,) * R
+        if counts is None or (len(set(counts)) == 1 and len(set(lengths)) == 1 and counts[0] == n):
+            out = F.scaled_dot_product_attention(q_RHnd, kv.keys, kv.values, attn_mask=kv.bias, scale=scale)
+            self.pairs = R * n * L
+        else:
+            out = q_RHnd.new_zeros(R, H, n, kv.values.shape[-1])
+            self.pairs = 0
+            for rows, n_g, L_g in row_groups(counts, lengths):
+                out[rows, :, :n_g] = F.scaled_dot_product_attention(
+                    q_RHnd[rows, :, :n_g], kv.keys[rows, :, :L_g], kv.values[rows, :, :L_g], scale=scale)
+                self.pairs += len(range(R)[rows]) * n_g * L_g
+        if kv.on_pairs is not None:
+            kv.on_pairs(self.pairs)
+        return out
+
+    def probe(self, last_queries: int | None = None) -> "AttentionProbe":
+        """The statistics of this call's attention (``last_queries``: only the last that many queries, e.g. HART's
+        sampled context token)."""
+        if self._q is None:
+            raise RuntimeError("CachedAttention.probe() before the attention ran")
+        q = self._q if last_queries is None else self._q[:, :, -last_queries:]
+        return AttentionProbe(q, self.kv, self._scale, current_keys=last_queries is None)
+
+
+# ------------------------------------------------------------------------------------------------ entropy
+def _masked_logits(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None) -> torch.Tensor:
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+    if bias is not None:
+        s = s.add_(bias)
+    return s
+
+
+def entropy_materialised(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None
+                         ) -> torch.Tensor:
+    """``[R, H, n]`` ``−Σ_j α_ij log α_ij`` from the full probabilities (reference)."""
+    p = _masked_logits(q.float(), k.float(), scale, None if bias is None else bias.float()).softmax(-1)
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+def entropy_chunked(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None,
+                    query_chunk: int = 256, key_chunk: int = 1024, return_lse: bool = False):
+    """``[R, H, n]`` attention entropy by an online log-sum-exp over key chunks (float32), ``query_chunk ×
+    key_chunk`` logits per head at a time. ``bias``: additive mask broadcastable to ``[R, H, n, L]`` (−inf =
+    masked). With ``return_lse`` also ``log Z`` ``[R, H, n]``."""
+    q, k = q.float(), k.float()
+    bias = None if bias is None else bias.float()
+    R, H, n, _ = q.shape
+    L = k.shape[2]
+    lowest = torch.finfo(torch.float32).min
+    entropy = q.new_empty(R, H, n)
+    lse_all = q.new_empty(R, H, n) if return_lse else None
+    for q0 in range(0, n, query_chunk):
+        qc = q[:, :, q0:q0 + query_chunk]
+        m = qc.new_full(qc.shape[:-1], float("-inf"))
+        z = qc.new_zeros(qc.shape[:-1])
+        e = qc.new_zeros(qc.shape[:-1])
+        for k0 in range(0, L, key_chunk):
+            b = None
+            if bias is not None:
+                b = bias[..., k0:k0 + key_chunk]
+                if b.shape[-2] != 1:
+                    b = b[..., q0:q0 + query_chunk, :]
+            s = _masked_logits(qc, k[:, :, k0:k0 + key_chunk], scale, b).clamp_(min=lowest)  # masked: exp -> 0
+            m_new = torch.maximum(m, s.amax(-1))
+            rescale = torch.exp(m - m_new)
+            p = torch.exp(s - m_new.unsqueeze(-1))
+            z = z * rescale + p.sum(-1)
+            e = e * rescale + (p * s).sum(-1)
+            m = m_new
+        lse = m + torch.log(z)
+        entropy[:, :, q0:q0 + query_chunk] = lse - e / z
+        if lse_all is not None:
+            lse_all[:, :, q0:q0 + query_chunk] = lse
+    return (entropy, lse_all) if return_lse else entropy
+
+
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def fused_available(q: torch.Tensor) -> bool:
+    """Whether :func:`entropy_fused` can run on ``q``'s device (the CPU flash kernel, which returns ``log Z``)."""
+    return _CPU_FLASH is not None and q.device.type == "cpu"
+
+
+def entropy_fused(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None,
+                  return_lse: bool = False):
+    """``[R, H, n]`` attention entropy ``log Z − scale·q·E_α[k]`` from one fused attention call with the keys as
+    values (CPU flash kernel, float32). With ``return_lse`` also ``log Z``."""
+    q32, k32 = q.float(), k.float()
+    b = None if bias is None else bias.float()
+    mean_key, lse = _CPU_FLASH(q32, k32, k32, attn_mask=b, scale=scale)
+    entropy = lse - scale * torch.linalg.vecdot(q32, mean_key)
+    return (entropy, lse) if return_lse else entropy
+
+
+def attention_entropy(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None,
+                      method: str = "auto", return_lse: bool = False):
+    """Per-head attention entropy ``[R, H, n]`` (nats) of queries ``q [R, H, n, d]`` over keys ``k [R, H, L, d]``
+    with logits ``scale·q·k`` plus the additive ``bias``; ``method`` per the module docstring (``auto``: fused
+    where available, else chunked)."""
+    if method not in ENTROPY_METHODS:
+        raise ValueError(f"unknown attention-entropy method {method!r}; choose one of {ENTROPY_METHODS}")
+    if method == "auto":
+        method = "fused" if fused_available(q) else "chunked"
+    if method == "fused":
+        return entropy_fused(q, k, scale, bias, return_lse)
+    if method == "chunked":
+        return entropy_chunked(q, k, scale, bias, return_lse=return_lse)
+    ent = entropy_materialised(q, k, scale, bias)
+    if return_lse:
+        return ent, torch.logsumexp(_masked_logits(q.float(), k.float(), scale, bias), -1)
+    return ent
+
+
+class AttentionProbe:
+    """Lazy statistics of one block's self-attention at one scale (the ``observe_attention`` slot): queries
+    ``q [R, H, n, d]`` (scaled as the model attends) over the block's cached keys.
+
+    :meth:`query_entropy` ``[R, n]`` (head-averaged per-query entropy, ToProVAR Eq. 2) and
+    :meth:`received_mass` ``[R, n]`` never materialise the probabilities; :meth:`probs` does (``[R, H, n, L]`` in
+    the cache's layout: each row's keys at its cache positions, masked keys 0). Results are memoised; a probe is
+    valid during the ``observe_attention`` call only. ``method``: see :func:`attention_entropy`.
+    """
+
+    def __init__(self, q_RHnd: torch.Tensor, kv: CachedKV, scale: float, method: str = "auto",
+                 current_keys: bool = True):
+        self.q = q_RHnd
+        self.kv = kv
+        self.scale = float(scale)
+        self.method = method
+        self.current_keys = current_keys
+        self.rows, self.heads, self.queries = q_RHnd.shape[:3]
+        self._entropy: torch.Tensor | None = None
+        self._lse: torch.Tensor | None = None
+        self._probs: torch.Tensor | None = None
+
+    @property
+    def num_keys(self) -> int:
+        return self.kv.keys.shape[2]
+
+    def probs(self) -> torch.Tensor:
+        """``[R, H, n, L]`` softmax probabilities (materialised; the costly path)."""
+        if self._probs is None:
+            self._probs = _masked_logits(self.q.float(), self.kv.keys.float(), self.scale,
+                                         None if self.kv.bias is None else self.kv.bias.float()).softmax(-1)
+        return self._probs
+
+    def _entropy_and_lse(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._entropy is None:
+            if self._probs is not None:
+                p = self._probs
+                self._entropy = -torch.special.xlogy(p, p).sum(-1)
+                self._lse = torch.logsumexp(_masked_logits(self.q.float(), self.kv.keys.float(), self.scale,
+                                                           self.kv.bias), -1)
+            else:
+                self._entropy, self._lse = attention_entropy(self.q, self.kv.keys, self.scale, self.kv.bias,
+                                                             self.method, return_lse=True)
+        return self._entropy, self._lse
+
+    def head_entropy(self) -> torch.Tensor:
+        """``[R, H, n]`` per-head entropy (nats)."""
+        return self._entropy_and_lse()[0]
+
+    def query_entropy(self) -> torch.Tensor:
+        """``[R, n]`` per-query entropy averaged over heads (the mean of per-head entropies)."""
+        return self.head_entropy().mean(1)
+
+    def received_mass(self, query_weight_Rn: torch.Tensor | None = None, query_chunk: int = 256) -> torch.Tensor:
+        """``[R, n]``: for each query slot ``j`` of this scale, the head-averaged probability mass its key receives
+        from the scale's queries, ``Σ_i w_i · mean_h α_h,i,key(j)`` (``w``: ``query_weight_Rn``, default 1; slots
+        whose key is padding get 0). Computed from ``log Z`` and the logits of the current keys only."""
+        if not self.current_keys:
+            raise ValueError("received_mass needs this scale's own keys (a probe over the last queries only)")
+        _, lse = self._entropy_and_lse()
+        kv = self.kv
+        R, H, n = self.rows, self.heads, self.queries
+        index = kv.current_Rn.to(kv.keys.device)
+        current_k = kv.keys.gather(2, index.view(R, 1, n, 1).expand(R, H, n, kv.keys.shape[-1])).float()
+        key_bias = None
+        if kv.bias is not None:
+            key_bias = kv.bias.float().gather(-1, index.view(R, 1, 1, n))
+        weights = torch.ones(R, n, device=self.q.device) if query_weight_Rn is None else query_weight_Rn.float()
+        weights = weights.to(self.q.device)
+        mass = torch.zeros(R, n, device=self.q.device)
+        q = self.q.float()
+        for q0 in range(0, n, query_chunk):
+            s = _masked_logits(q[:, :, q0:q0 + query_chunk], current_k, self.scale, key_bias)
+            p = torch.exp(s - lse[:, :, q0:q0 + query_chunk].unsqueeze(-1))  # [R, H, chunk, n]
+            mass += torch.einsum("rhik,ri->rk", p, weights[:, q0:q0 + query_chunk]) / H
+        if kv.current_valid_Rn is not None:
+            mass = mass * kv.current_valid_Rn.to(mass.device)
+        return mass
+
+
+__all__ = ["AttentionProbe", "CachedAttention", "CachedKV", "ENTROPY_METHODS", "RAGGED_ATTENTION",
+           "attention_entropy", "entropy_chunked", "entropy_fused", "entropy_materialised", "fused_available",
+           "row_groups"]
