@@ -16,9 +16,15 @@ measured speedup / FLOPs-ideal speedup, and two time shares measured with ``prof
 ``scoring`` — the components' own work (scorer spans and predictive-entropy computations: softmax/entropy,
 top-k, maps) — and ``lens`` — the head projections of NOVA's logit lens, which are model FLOPs (counted in the
 FLOPs ratio, so in the ideal) rather than overhead outside it.
-The last line is ``speedup_vs_ideal_min=… entropy_overhead=… scoring_overhead_max=… lens_share=…``: the worst
-token-pruning preset's measured/ideal ratio, NOVA's scoring share (entropy included), the largest scoring share
-of any preset, and NOVA's lens-projection share.
+Next to the FLOPs-ideal speedup, a **bandwidth-aware ideal** (``bw-ideal x``): the modelled time of the baseline
+over the preset's on a roofline measured at the start (``profilers.memory``: every op costs its FLOPs at the
+sustained GEMM rate plus the bytes it streams — weights, activations, cached keys — at the sustained weight-
+streaming rate), with ``GB moved`` per generation. At batch 1 every scale streams all block weights however few
+tokens it keeps, which the FLOPs-only ideal ignores.
+The last line is ``speedup_vs_ideal_min=… entropy_overhead=… scoring_overhead_max=… lens_share=…
+speedup_vs_bw_ideal_min=…``: the worst token-pruning preset's measured/ideal ratio, NOVA's scoring share (entropy
+included), the largest scoring share of any preset, NOVA's lens-projection share, and the worst measured /
+bandwidth-aware-ideal ratio.
 
 The first generation of every preset is both the warm-up and the run whose kept-token counts give the FLOPs;
 the timed repeats follow, interleaved across presets so that machine drift hits every preset alike. Progress
@@ -43,6 +49,7 @@ from profilers.timers import ComponentTimer
 from var_core.accel import PolicyConfig, build_policy
 from var_core.accel.presets import PRESETS, get_preset
 from var_core.engine import GenerationOptions, Policy, SamplingConfig, ScalePlan, Tracer, generate
+from var_core.engine.loop import generation_info
 from var_core.engine.reference_loop import reference_generate
 
 TOKEN_PRUNING = ("nova", "fastvar", "ldpruning", "toprovar", "sparsevar", "stagevar")
@@ -221,10 +228,13 @@ def _progress(message: str) -> None:
 
 
 def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: int, presets=None, prompt_set=None,
-                  images_root: Path | None = None) -> int:
+                  images_root: Path | None = None, roofline=None) -> int:
     """The presets benchmark (module docstring) on a loaded ``adapter``: ``presets`` (default: all; ``baseline`` is
     always added), ``prompt_set`` (text-to-image: sample ``i`` on prompt ``i mod P``); prints the table, progress on
-    stderr."""
+    stderr. ``roofline``: a :class:`profilers.memory.Roofline` for the bandwidth-aware ideal (default: measured
+    here on the model's MLP GEMM shape, :func:`profilers.memory.calibrate_roofline`)."""
+    from profilers.memory import bytes_moved, calibrate_roofline, roofline_seconds
+
     options = GenerationOptions(check_finite=False, decode=False, keep_raw_logits=True)
     names = presets or sorted(PRESETS)
     if "baseline" not in names:
@@ -234,14 +244,31 @@ def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: i
     if prompt_set is not None:  # text-to-image prompt set: sample i on prompt i mod P
         labels = conditions_for(adapter, B, 0, prompt_set)
     seeds = list(range(1000, 1000 + B))
-    policies = {name: build_policy(get_preset(name)) for name in names}
     print(environment_line(adapter, B))
+    info = generation_info(adapter, B, adapter.initial_guidance(sampling), sampling=sampling)
+    policies = {}
+    for name in names:  # a preset that cannot run on this model (e.g. fastvar_toprovar off Infinity) is reported
+        policy = build_policy(get_preset(name))
+        try:
+            if hasattr(policy, "check_model"):
+                policy.check_model(info)
+        except ValueError as exc:
+            print(f"# unavailable: {name}: {exc}")
+            continue
+        policies[name] = policy
+    names = [name for name in names if name in policies]
 
-    flops, results = {}, {}
+    flops, results, reports = {}, {}, {}
     for name, policy in policies.items():
         _progress(f"warm-up + FLOPs: {name}")
         results[name] = generate(adapter, labels, seeds, sampling, policy=policy, options=options)
-        flops[name] = count_flops(adapter, results[name], batch_size=B).total
+        reports[name] = count_flops(adapter, results[name], batch_size=B)
+        flops[name] = reports[name].total
+    if roofline is None:
+        _progress("roofline: calibrating GEMM throughput and weight streaming")
+        arch = reports["baseline"].arch
+        roofline = calibrate_roofline((arch.embed_dim, arch.mlp_hidden), device=adapter.device)
+    print(f"# {roofline.describe()}")
 
     variants = {name: (lambda p=policy: generate(adapter, labels, seeds, sampling, policy=p, options=options))
                 for name, policy in policies.items()}
@@ -263,23 +290,81 @@ def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: i
 
     base_t = statistics.median(times["baseline"])
     base_f = flops["baseline"]
-    print(f"{'preset':10s} {'FLOPs ratio':>11s} {'ideal x':>8s} {'time s':>8s} {'time ratio':>10s} {'measured x':>10s} "
-          f"{'meas/ideal':>10s} {'scoring %':>9s} {'lens %':>7s}  computed tokens per scale")
-    ratios = {}
+    base_model = roofline_seconds(reports["baseline"], roofline)
+    print(f"{'preset':10s} {'FLOPs ratio':>11s} {'ideal x':>8s} {'GB moved':>8s} {'bw-ideal x':>10s} {'time s':>8s} "
+          f"{'time ratio':>10s} {'measured x':>10s} {'meas/ideal':>10s} {'meas/bw':>7s} {'scoring %':>9s} "
+          f"{'lens %':>7s}  computed tokens per scale")
+    ratios, bw_ratios = {}, {}
     for name in names:
         t = statistics.median(times[name])
         f_ratio = flops[name] / base_f
         ideal = 1 / f_ratio
+        bw_ideal = base_model / roofline_seconds(reports[name], roofline)
         measured = base_t / t
-        ratios[name] = measured / ideal
+        ratios[name], bw_ratios[name] = measured / ideal, measured / bw_ideal
         tokens = results[name].computed_tokens_per_scale()
-        print(f"{name:10s} {f_ratio:11.3f} {ideal:8.2f} {t:8.3f} {t / base_t:10.3f} {measured:10.2f} "
-              f"{ratios[name]:10.2f} {100 * scoring_share[name]:8.2f}% {100 * lens_share[name]:6.2f}%  {tokens}")
+        print(f"{name:10s} {f_ratio:11.3f} {ideal:8.2f} {bytes_moved(reports[name]) / 1e9:8.2f} {bw_ideal:10.2f} "
+              f"{t:8.3f} {t / base_t:10.3f} {measured:10.2f} {ratios[name]:10.2f} {bw_ratios[name]:7.2f} "
+              f"{100 * scoring_share[name]:8.2f}% {100 * lens_share[name]:6.2f}%  {tokens}")
     for name in names:  # --save-images: one untimed decoded generation per preset, after the measurements
         save_bench_images(images_root, adapter, f"{name}_b{B}", labels, seeds, sampling, policies[name], prompt_set)
     pruning = [n for n in names if n in TOKEN_PRUNING and flops[n] < 0.99 * base_f]
     worst = min((ratios[n] for n in pruning), default=float("nan"))
+    worst_bw = min((bw_ratios[n] for n in pruning), default=float("nan"))
     entropy = scoring_share.get("nova", float("nan"))
     print(f"speedup_vs_ideal_min={worst:.3f} entropy_overhead={entropy:.4f} "
-          f"scoring_overhead_max={max(scoring_share.values()):.4f} lens_share={lens_share.get('nova', float('nan')):.4f}")
+          f"scoring_overhead_max={max(scoring_share.values()):.4f} "
+          f"lens_share={lens_share.get('nova', float('nan')):.4f} speedup_vs_bw_ideal_min={worst_bw:.3f}")
+    return 0
+
+
+#: (label, rows, heads, queries, keys, head_dim): the last VAR-d16 scale at batch 1 with CFG, and Infinity-2B's
+#: 32x32 scale (the first one FastVAR's Infinity setting prunes) at batch 1 with CFG (its probabilities: 330 MB)
+ENTROPY_SHAPES = (("var-d16 16x16", 2, 16, 256, 680, 64), ("infinity-2b 32x32", 2, 16, 1024, 2521, 128))
+
+
+def bench_attention_entropy(shapes=ENTROPY_SHAPES, repeats: int = 5, device: str | torch.device = "cpu") -> int:
+    """ToProVAR's attention entropy against plain SDPA on the given shapes: the attention itself (``sdpa``), the
+    entropy by the fused kernel, by the chunked log-sum-exp pass, and materialised (eager softmax, ``−Σ p log p``),
+    median ms of ``repeats`` (one warm-up), the ratio to SDPA and the largest deviation from the materialised
+    entropy; prints a table and ``entropy_fused_vs_sdpa=… entropy_chunked_vs_sdpa=…`` (the last shape)."""
+    from var_core.engine.attention import attention_entropy, fused_available
+
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    print(f"# attention entropy vs SDPA: device={device} threads={torch.get_num_threads()} "
+          f"torch={torch.__version__} dtype=float32")
+    print(f"{'shape':18s} {'method':13s} {'median ms':>9s} {'x sdpa':>7s} {'max |dH|':>9s} {'extra MiB':>9s}")
+    last: dict[str, float] = {}
+    for label, R, H, n, L, d in shapes:
+        generator = torch.Generator().manual_seed(0)
+        q = torch.randn(R, H, n, d, generator=generator).to(device)
+        k = torch.randn(R, H, L, d, generator=generator).to(device)
+        v = torch.randn(R, H, L, d, generator=generator).to(device)
+        q = torch.nn.functional.normalize(q, dim=-1) * 4.0  # VAR-style cosine logits with temperature 4
+        k = torch.nn.functional.normalize(k, dim=-1)
+        methods = {"sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+                   "chunked": lambda: attention_entropy(q, k, 1.0, method="chunked"),
+                   "materialised": lambda: attention_entropy(q, k, 1.0, method="materialised")}
+        if fused_available(q):
+            methods["fused"] = lambda: attention_entropy(q, k, 1.0, method="fused")
+        reference = attention_entropy(q, k, 1.0, method="materialised")
+        times: dict[str, float] = {}
+        for name, fn in methods.items():
+            fn()
+            runs = []
+            for _ in range(repeats):
+                sync()
+                start = time.perf_counter()
+                out = fn()
+                sync()
+                runs.append(time.perf_counter() - start)
+            times[name] = statistics.median(runs)
+            deviation = 0.0 if name == "sdpa" else float((out - reference).abs().max())
+            extra = R * H * n * L * 4 / 2**20 if name == "materialised" else 0.0
+            print(f"{label:18s} {name:13s} {1e3 * times[name]:9.2f} {times[name] / times['sdpa']:7.2f} "
+                  f"{deviation:9.1e} {extra:9.1f}")
+        last = {name: times[name] / times["sdpa"] for name in times}
+    print(f"entropy_fused_vs_sdpa={last.get('fused', float('nan')):.3f} "
+          f"entropy_chunked_vs_sdpa={last['chunked']:.3f} entropy_materialised_vs_sdpa={last['materialised']:.3f}")
     return 0

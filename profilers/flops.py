@@ -15,7 +15,9 @@ activations, softmax, sampling, top-k/top-p) and bias additions are **not** coun
   accumulated so far **including** this scale's keys (with pruning a block appends only its attention-branch
   kept tokens, so each block has its own length); for a block whose rows were ragged, the query-key pairs the
   engine's attention actually computed (``record.attention_pairs``: each row's valid queries over its own keys
-  with ``ragged_attention="varlen"``, the padded rectangle otherwise), ``2·pairs·C`` each for scores and PV.
+  with ``ragged_attention="varlen"``, the padded rectangle otherwise), ``2·pairs·C`` each for scores and PV;
+* attention statistics an observer read (ToProVAR's entropy, ``record.attention_stats_flops``): component
+  ``attn_stats``, the matrix FLOPs of the fused or chunked pass (``var_core.engine.attention.AttentionProbe``).
 
 VAR (family ``"var"``), per network row, ``C`` = width, ``H_m`` = MLP hidden, ``V`` = vocabulary:
 
@@ -601,6 +603,9 @@ def count_record_flops(
                 if branch == "attn" and pairs is not None:  # ragged rows: the query-key pairs attention computed
                     ops.update(scores=2 * pairs * arch.embed_dim, pv=2 * pairs * arch.embed_dim)
                 report.add(si, block, branch, ops, R, n, L)
+        for block, stats in enumerate(record.attention_stats_flops):
+            if stats:  # what an observer's attention statistics cost (AttentionProbe.flops)
+                report.add(si, block, "attn_stats", {"qk": stats}, R, kept[block][attn_index or 0], kv_len[block])
         lens = ([(block, R) for block in sorted(lens_blocks.get(si, ()))] if lens_blocks is not None
                 else record.lens_rows)
         for block, rows in lens:

@@ -33,6 +33,15 @@ head's live set during a step after the last scale, :func:`hart_diffusion_activa
 
 Use the analytic numbers to compare scales and policies (they follow the kept-token counts exactly); use the
 CUDA numbers for absolute peaks.
+
+Bytes moved and the bandwidth-aware ideal (issue 16). :func:`op_bytes` gives, for every op of a FLOP report, the
+bytes it streams (a linear op: its weight once plus its input and output rows; attention: the cached keys or
+values it reads plus its queries), :func:`roofline_seconds` the modelled time of a generation on a
+:class:`Roofline` (sustained GEMM FLOP/s and weight-streaming bytes/s, :func:`calibrate_roofline` measures them on
+the model's own GEMM shape) and :func:`bandwidth_aware_ideal` the speedup a method could reach at that roofline.
+The FLOPs-only ideal assumes time ∝ FLOPs; at batch 1 every scale streams all block weights whatever its token
+count, so a method that keeps few tokens per scale (LD-Pruning) cannot approach it — the bandwidth-aware ideal
+says how far it can.
 """
 
 from __future__ import annotations
@@ -47,8 +56,9 @@ from var_core.engine.tracing import Tracer
 
 from .flops import ArchSpec, arch_from_adapter
 
-__all__ = ["MemoryReport", "PeakMemoryTracer", "ScaleMemory", "analytic_memory", "hart_diffusion_activation_bytes",
-           "hart_weight_bytes", "weight_bytes"]
+__all__ = ["MemoryReport", "PeakMemoryTracer", "Roofline", "ScaleMemory", "analytic_memory", "bandwidth_aware_ideal",
+           "bytes_moved", "calibrate_roofline", "hart_diffusion_activation_bytes", "hart_weight_bytes", "linear_dims",
+           "op_bytes", "roofline_seconds", "weight_bytes"]
 
 
 @dataclass(frozen=True)
@@ -244,3 +254,136 @@ def hart_diffusion_activation_bytes(arch: ArchSpec, rows: int, tokens: int, e: i
     n = rows * tokens
     W, C, c = arch.diff_width, arch.embed_dim, arch.latent_channels
     return n * (C + 3 * W + 3 * W + 3 * c) * e
+
+
+# ----- bytes moved and the bandwidth-aware ideal ------------------------------------------------------------
+#: ops that read a KV (or text) cache instead of a weight matrix: attention scores and values
+ATTENTION_OPS = frozenset({"scores", "pv", "text_pool_attn", "qk"})  # qk: attention statistics (attn_stats)
+ROOFLINE_RULES = ("sum", "max")
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A machine's matrix throughput and memory bandwidth, for :func:`roofline_seconds`.
+
+    ``peak_flops`` (FLOP/s) and ``bandwidth`` (bytes/s) are what the machine sustains on this workload's GEMMs
+    (:func:`calibrate_roofline` measures both on the model's own shapes). ``rule`` combines an op's compute time
+    ``F/P`` and memory time ``bytes/W``: ``sum`` (default; a GEMM first streams and packs its weight panel, then
+    computes, so small-row matmuls cost their weights plus their rows — what CPU BLAS timings show) or ``max``
+    (the classic roofline: perfect overlap, a lower bound)."""
+
+    peak_flops: float
+    bandwidth: float
+    rule: str = "sum"
+    source: str = "given"
+
+    def __post_init__(self) -> None:
+        if self.rule not in ROOFLINE_RULES:
+            raise ValueError(f"unknown roofline rule {self.rule!r}; choose one of {ROOFLINE_RULES}")
+        if self.peak_flops <= 0 or self.bandwidth <= 0:
+            raise ValueError(f"roofline needs positive peak_flops and bandwidth, got {self.peak_flops}, "
+                             f"{self.bandwidth}")
+
+    def seconds(self, flops: float, nbytes: float) -> float:
+        compute, memory = flops / self.peak_flops, nbytes / self.bandwidth
+        return compute + memory if self.rule == "sum" else max(compute, memory)
+
+    def describe(self) -> str:
+        return (f"roofline({self.source}: {self.peak_flops / 1e9:.1f} GFLOP/s, {self.bandwidth / 1e9:.1f} GB/s, "
+                f"rule={self.rule})")
+
+
+def linear_dims(arch: ArchSpec, component: str, op: str) -> tuple[int, int, int] | None:
+    """``(K, N, matrices)`` of the weight(s) behind a FLOP-report op (``K → N`` per matrix, ``matrices`` of them),
+    or None for an op without a weight matrix (attention) or one this model does not size (then only its FLOPs
+    count: Infinity's text pooling, HART's diffusion head)."""
+    C, Hm, V, c = arch.embed_dim, arch.mlp_hidden, arch.head_out, arch.latent_channels
+    table = {
+        ("attn", "qkv"): (C, 3 * C, 1), ("attn", "proj"): (C, C, 1),
+        ("cross", "q"): (C, C, 1), ("cross", "proj"): (C, C, 1), ("cross", "kv"): (C, 2 * C, 1),
+        ("ffn", "fc1"): (C, Hm, 1), ("ffn", "fc2"): (Hm, C, 1), ("ffn", "fc1_gate"): (C, 2 * Hm, 1),
+        ("head", "adaln"): (C, 2 * C, 1), ("head", "logits"): (C, V, 1),
+        ("lens", "adaln"): (C, 2 * C, 1), ("lens", "logits"): (C, V, 1),
+        ("embed", "word_embed"): (c, C, 1),
+        ("condition", "adaln_modulation"): (C, 6 * C, 1 if arch.shared_aln else arch.depth),
+        ("latent_update", "phi_conv"): (9 * c, c, 1),  # a 3x3 conv as im2col GEMM: (9·c) → c per output pixel
+    }
+    return table.get((component, op))
+
+
+def op_bytes(arch: ArchSpec, row, element_bytes: int | None = None) -> tuple[int, int]:
+    """``(weight_bytes, activation_bytes)`` one :class:`~profilers.flops.FlopRow` moves.
+
+    A linear op streams its weight once (``K·N·e`` per matrix) and reads/writes ``M·(K + N)·e`` of activations, with
+    ``M = flops / (2·K·N·matrices)`` the rows it really computed (exact for packed ragged rows too). Attention
+    (``scores``, ``pv``) streams the keys (values) it attends to, ``rows·kv_len·C·e``, plus its queries (outputs)
+    ``rows·tokens·C·e``. Element size ``e``: ``arch.param_bytes`` unless given."""
+    e = element_bytes or arch.param_bytes
+    if row.op in ATTENTION_OPS:
+        return 0, e * arch.embed_dim * row.rows * (row.kv_len + row.tokens)
+    dims = linear_dims(arch, row.component, row.op)
+    if dims is None or row.flops == 0:
+        return 0, 0
+    K, N, matrices = dims
+    M = row.flops / (2 * K * N * matrices)
+    return e * K * N * matrices, int(round(e * M * (K + N) * matrices))
+
+
+def bytes_moved(report) -> int:
+    """Bytes every op of a :class:`~profilers.flops.FlopReport` streams, summed (see :func:`op_bytes`)."""
+    return sum(sum(op_bytes(report.arch, row)) for row in report.rows)
+
+
+def roofline_seconds(report, roofline: Roofline, components: Iterable[str] | None = None) -> float:
+    """Modelled time of a generation: every op of ``report`` at ``roofline.seconds(flops, bytes)`` (only the
+    given ``components`` if any). Element-wise work (norms, softmax, sampling) is outside the model, as it is
+    outside the FLOPs count."""
+    wanted = None if components is None else set(components)
+    total = 0.0
+    for row in report.rows:
+        if wanted is not None and row.component not in wanted:
+            continue
+        total += roofline.seconds(row.flops, sum(op_bytes(report.arch, row)))
+    return total
+
+
+def bandwidth_aware_ideal(baseline_report, method_report, roofline: Roofline) -> float:
+    """The speedup a method could reach if every op ran at the roofline: modelled baseline time / modelled method
+    time. Unlike the FLOPs-only ideal (baseline FLOPs / method FLOPs) it charges every scale for the weights it
+    streams, which pruning does not reduce: a batch-1 scale of few tokens costs at least its weights."""
+    return roofline_seconds(baseline_report, roofline) / roofline_seconds(method_report, roofline)
+
+
+def calibrate_roofline(shape: tuple[int, int] = (1024, 4096), rows: tuple[int, int] = (16, 256),
+                       matrices: int = 16, repeats: int = 3, dtype: torch.dtype = torch.float32,
+                       device: str | torch.device = "cpu", rule: str = "sum") -> Roofline:
+    """Measure a :class:`Roofline` on this machine with GEMMs of the model's shape (``K × N`` weights, e.g.
+    VAR-d16's ``fc1``): ``matrices`` distinct weights (more bytes than the last-level cache, as a generation's
+    blocks are) multiplied in turn by ``rows[0]`` and ``rows[1]`` rows; the time per matrix is fitted as
+    ``bytes/W + flops/P`` through the two sizes (best of ``repeats``). A few hundred ms of matmuls."""
+    import time
+
+    K, N = shape
+    device = torch.device(device)
+    weights = [torch.randn(N, K, dtype=dtype, device=device) for _ in range(matrices)]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def per_matrix(m: int) -> float:
+        x = torch.randn(m, K, dtype=dtype, device=device)
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first pass warms up
+            sync()
+            start = time.perf_counter()
+            for w in weights:
+                torch.nn.functional.linear(x, w)
+            sync()
+            best = min(best, (time.perf_counter() - start) / matrices)
+        return best
+
+    small, large = rows
+    t_small, t_large = per_matrix(small), per_matrix(large)
+    e = torch.tensor([], dtype=dtype).element_size()
+    per_row = max((t_large - t_small) / (large - small), 1e-12)  # seconds per GEMM row: compute
+    peak = 2 * K * N / per_row
+    weight_time = max(t_small - small * per_row, 1e-9)  # the intercept: streaming the weight
+    return Roofline(peak, K * N * e / weight_time, rule, source=f"measured {K}x{N} GEMM rows {small}/{large}")

@@ -1,10 +1,12 @@
-"""``python -m studies.bench {engine,presets}``: wall-clock benchmarks that print ratios measured in one run.
+"""``python -m studies.bench {engine,presets,entropy}``: wall-clock benchmarks that print ratios measured in one run.
 
 ``engine``  — our hookable loop vs a straightforward implementation of the official algorithm
               (``var_core.engine.reference_loop``), the cost of a composed no-op policy, and the effect of pruning
               half of the last scale (FLOPs ratio and measured time ratio of that scale).
-``presets`` — every method preset vs the baseline: FLOPs ratio, wall-clock ratio, measured/ideal speedup, and
-              the entropy scorer's share of generation time (see ``--help``).
+``presets`` — every method preset vs the baseline: FLOPs ratio, wall-clock ratio, measured/ideal speedup (FLOPs and
+              bandwidth-aware), and the entropy scorer's share of generation time (see ``--help``).
+``entropy`` — ToProVAR's attention entropy without the probabilities (fused kernel, chunked log-sum-exp) vs plain
+              SDPA and vs the materialised probabilities.
 
 Timing discipline: warm-up runs discarded; variants interleaved run by run (so machine noise hits all of
 them alike); medians over repeats; the VQ decoder is outside the timed region unless ``--with-decode``.
@@ -32,8 +34,12 @@ def run_bench(args) -> int:
     ``results/bench/<command>_<model>/``."""
     from ablations.runner import images_root, load_prompts, load_study_model, sampling_overrides
 
-    if args.what == "presets" and args.threads:
+    if args.what in ("presets", "entropy") and args.threads:
         torch.set_num_threads(args.threads)
+    if args.what == "entropy":
+        from profilers.benchmarks import bench_attention_entropy
+
+        return bench_attention_entropy(repeats=args.repeats, device=args.device)
     adapter = load_study_model(args.model, args.weights, vae_weights=args.vae_weights,
                                text_encoder=args.text_encoder, seed=args.seed)
     default_images = Path("results") / "bench" / f"{args.what}_{str(args.model).replace(':', '-')}"
@@ -67,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
                      help="torch intra-op threads (default: torch's own; 1 gives the steadiest ratios on a shared CPU)")
     add_model_arguments(pre)  # --weights --vae-weights --text-encoder --cfg --top-k --top-p --temperature --prompts
     #                            --save-images (studies._model_cli)
+    ent = sub.add_parser("entropy", help="ToProVAR's attention entropy (fused / chunked / materialised) vs SDPA")
+    ent.add_argument("--repeats", type=positive_int, default=5)
+    ent.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads")
+    ent.add_argument("--device", default="cpu", help="cpu or cuda (the fused entropy route is CPU-only; CUDA runs "
+                     "the chunked pass)")
     args = parser.parse_args(argv)
     return run_bench(args)
 

@@ -57,7 +57,9 @@ def test_bench_presets_flops_ratios(capsys):
     assert 0.3 < flops_ratio < 0.95 and ideal == pytest.approx(1 / flops_ratio, abs=0.01)
     last = printed.strip().splitlines()[-1]
     assert re.fullmatch(r"speedup_vs_ideal_min=\d+\.\d{3} entropy_overhead=nan scoring_overhead_max=\S+ "
-                        r"lens_share=nan", last), last
+                        r"lens_share=nan speedup_vs_bw_ideal_min=\d+\.\d{3}", last), last
+    bw_ideal = float(fastvar[4])  # bandwidth-aware ideal: at most the FLOPs ideal (weights stream at every scale)
+    assert 1.0 < bw_ideal <= ideal + 0.01
 
 
 def test_sensitivity_grid_values(tmp_path, fixture_dir, capsys):

@@ -34,6 +34,7 @@ from ..engine.context import GuidanceMode, ScaleContext
 from .base import Signals
 
 RECEIVED_MASS_KEY = "attention.received_mass"
+FIRST_PRUNABLE_KEY = "schedule.first_prunable_scale"
 MISSING_FILLS = ("lowest", "row_mean")
 
 
@@ -185,12 +186,28 @@ def align_rows(map_R: torch.Tensor, from_guidance: GuidanceMode, ctx: ScaleConte
                      f"{ctx.rows} rows under {ctx.guidance.value}")
 
 
-def may_prune_at(si: int, signals: Signals) -> bool:
-    """Whether some sample may be accelerated at scale ``si``, judged from ``signals.activation_scale_B``.
+def publish_first_prunable(signals: Signals, scale: int) -> None:
+    """A schedule that never prunes before 0-indexed ``scale`` says so (e.g. ToProVAR's gate: not before ``s_rep``),
+    so that observations read only at pruned scales are not made earlier (:func:`may_prune_at` /
+    :func:`may_prune_next`). Read back with :func:`first_prunable_scale`."""
+    signals.extras[FIRST_PRUNABLE_KEY] = int(scale)
 
-    Used to keep costly same-scale observations (logit lens, eager attention) off scales that certainly run
+
+def first_prunable_scale(signals: Signals) -> int:
+    """The earliest scale any schedule may prune (0 when none published one)."""
+    extras = getattr(signals, "extras", None) or {}
+    return int(extras.get(FIRST_PRUNABLE_KEY, 0))
+
+
+def may_prune_at(si: int, signals: Signals) -> bool:
+    """Whether some sample may be accelerated at scale ``si``, judged from ``signals.activation_scale_B`` (and the
+    schedule's first prunable scale, when published).
+
+    Used to keep costly same-scale observations (logit lens, attention statistics) off scales that certainly run
     dense. When the activation component does not publish its scale (None) the answer is True.
     """
+    if si < first_prunable_scale(signals):
+        return False
     first = signals.activation_scale_B
     return first is None or bool((first <= si).any())
 
@@ -199,15 +216,16 @@ def may_prune_next(si: int, num_scales: int, signals: Signals) -> bool:
     """Whether the scale after ``si`` may be accelerated (for observations made at ``si`` and read at ``si + 1``).
 
     True when the activation scale is unpublished (None), already reached (``<= si + 1``), or not decided yet
-    (``num_scales``: an adaptive activation may still fire at the end of ``si``). False at the last scale.
+    (``num_scales``: an adaptive activation may still fire at the end of ``si``). False at the last scale and
+    before the schedule's first prunable scale (:func:`publish_first_prunable`).
     """
-    if si >= num_scales - 1:
+    if si >= num_scales - 1 or si + 1 < first_prunable_scale(signals):
         return False
     first = signals.activation_scale_B
     return first is None or bool(((first <= si + 1) | (first >= num_scales)).any())
 
 
-__all__ = ["MISSING_FILLS", "RECEIVED_MASS_KEY", "align_rows", "fill_missing", "first_occurrence_Rn",
-           "may_prune_at", "may_prune_next", "query_attention_entropy", "received_attention_mass",
-           "record_attention_entropy", "record_received_mass", "region_floor", "region_ids", "region_priority",
-           "region_quotas", "scatter_to_map"]
+__all__ = ["FIRST_PRUNABLE_KEY", "MISSING_FILLS", "RECEIVED_MASS_KEY", "align_rows", "fill_missing",
+           "first_occurrence_Rn", "first_prunable_scale", "may_prune_at", "may_prune_next", "publish_first_prunable",
+           "query_attention_entropy", "received_attention_mass", "record_attention_entropy", "record_received_mass",
+           "region_floor", "region_ids", "region_priority", "region_quotas", "scatter_to_map"]

@@ -61,12 +61,17 @@ WEIGHTS_KEY = "lens.guidance_weights"
 CANONICAL_SETTINGS = ("guided", None, 1.0)
 
 
-def _fit_weights(raw_RNV: torch.Tensor, guided_BNV: torch.Tensor, B: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample least-squares ``guided ≈ α·u + β·(c − u)``; returns ``(α [B], β [B])``."""
-    c, u, g = raw_RNV[:B].double().flatten(1), raw_RNV[B:].double().flatten(1), guided_BNV.double().flatten(1)
-    d = c - u
-    uu, ud, dd = (u * u).sum(1), (u * d).sum(1), (d * d).sum(1)
-    ug, dg = (u * g).sum(1), (d * g).sum(1)
+def _fit_weights(raw_RNV: torch.Tensor, guided_BNV: torch.Tensor, B: int, chunk: int = 1 << 16
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample least-squares ``guided ≈ α·u + β·(c − u)``; returns ``(α [B], β [B])``. The five inner products
+    are accumulated in float64 over chunks of ``chunk`` logits per sample (cache-sized temporaries)."""
+    c_all, u_all, g_all = raw_RNV[:B].flatten(1), raw_RNV[B:].flatten(1), guided_BNV.flatten(1)
+    sums = torch.zeros(5, B, dtype=torch.float64, device=raw_RNV.device)
+    for start in range(0, c_all.shape[1], chunk):
+        c, u, g = (t[:, start:start + chunk].double() for t in (c_all, u_all, g_all))
+        d = c - u
+        sums += torch.stack(((u * u).sum(1), (u * d).sum(1), (d * d).sum(1), (u * g).sum(1), (d * g).sum(1)))
+    uu, ud, dd, ug, dg = sums.unbind(0)
     det = uu * dd - ud * ud
     ok = det > 1e-10 * uu * dd.clamp(min=1e-30)
     safe_det = torch.where(ok, det, torch.ones_like(det))

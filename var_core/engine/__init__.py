@@ -9,6 +9,7 @@ from .sampling import SamplingConfig
 from .tracing import NULL_TRACER, Tracer
 
 __all__ = [
-    "AttentionProbe", "GenerationInfo", "GenerationOptions", "GenerationResult", "GuidanceMode", "LensProbe", "NonFiniteLogitsError", "Policy",
-    "SamplingConfig", "TokenSelection", "pad_ragged_selection", "ScaleContext", "ScalePlan", "ScaleRecord", "Tracer", "NULL_TRACER", "generate",
+    "AttentionProbe", "GenerationInfo", "GenerationOptions", "GenerationResult", "GuidanceMode", "LensProbe",
+    "NonFiniteLogitsError", "Policy", "SamplingConfig", "TokenSelection", "pad_ragged_selection", "ScaleContext",
+    "ScalePlan", "ScaleRecord", "Tracer", "NULL_TRACER", "generate",
 ]

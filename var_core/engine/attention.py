@@ -258,16 +258,24 @@ class AttentionProbe:
         self._entropy: torch.Tensor | None = None
         self._lse: torch.Tensor | None = None
         self._probs: torch.Tensor | None = None
+        self.flops = 0  # matrix FLOPs spent on statistics so far (the loop records them: ScaleRecord)
 
     @property
     def num_keys(self) -> int:
         return self.kv.keys.shape[2]
 
+    def _qk_flops(self, keys: int) -> int:
+        return 2 * self.rows * self.heads * self.queries * keys * self.q.shape[-1]
+
     def probs(self) -> torch.Tensor:
         """``[R, H, n, L]`` softmax probabilities (materialised; the costly path)."""
         if self._probs is None:
-            self._probs = _masked_logits(self.q.float(), self.kv.keys.float(), self.scale,
-                                         None if self.kv.bias is None else self.kv.bias.float()).softmax(-1)
+            logits = _masked_logits(self.q.float(), self.kv.keys.float(), self.scale,
+                                    None if self.kv.bias is None else self.kv.bias.float())
+            self.flops += self._qk_flops(self.num_keys)
+            self._probs = logits.softmax(-1)
+            if self._lse is None:
+                self._lse = torch.logsumexp(logits, -1)
         return self._probs
 
     def _entropy_and_lse(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,11 +283,16 @@ class AttentionProbe:
             if self._probs is not None:
                 p = self._probs
                 self._entropy = -torch.special.xlogy(p, p).sum(-1)
-                self._lse = torch.logsumexp(_masked_logits(self.q.float(), self.kv.keys.float(), self.scale,
-                                                           self.kv.bias), -1)
             else:
+                method = self.method
+                if method == "auto":
+                    method = "fused" if fused_available(self.q) else "chunked"
                 self._entropy, self._lse = attention_entropy(self.q, self.kv.keys, self.scale, self.kv.bias,
-                                                             self.method, return_lse=True)
+                                                             method, return_lse=True)
+                # fused: QK^T and (probabilities x keys); chunked: QK^T only; materialised: QK^T (then softmax)
+                self.flops += self._qk_flops(self.num_keys) * (2 if method == "fused" else 1)
+                if method == "materialised":  # attention_entropy recomputed the logits for log Z
+                    self.flops += self._qk_flops(self.num_keys)
         return self._entropy, self._lse
 
     def head_entropy(self) -> torch.Tensor:
@@ -311,7 +324,8 @@ class AttentionProbe:
         for q0 in range(0, n, query_chunk):
             s = _masked_logits(q[:, :, q0:q0 + query_chunk], current_k, self.scale, key_bias)
             p = torch.exp(s - lse[:, :, q0:q0 + query_chunk].unsqueeze(-1))  # [R, H, chunk, n]
-            mass += torch.einsum("rhik,ri->rk", p, weights[:, q0:q0 + query_chunk]) / H
+            mass += (p * weights[:, None, q0:q0 + query_chunk, None]).sum((1, 2)) / H
+        self.flops += self._qk_flops(n)
         if kv.current_valid_Rn is not None:
             mass = mass * kv.current_valid_Rn.to(mass.device)
         return mass

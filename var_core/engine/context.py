@@ -58,6 +58,9 @@ class ScaleRecord:
     # (engine.attention: varlen rows attend with their own valid queries to their own keys), else None; empty
     # when no block was ragged (attention is then the rectangle rows x queries x cached keys)
     attention_pairs: tuple[int | None, ...] = ()
+    # per block: matrix FLOPs the attention statistics an observer read cost (AttentionProbe.flops: entropy,
+    # received mass), 0 where nothing was read; empty when no block was observed
+    attention_stats_flops: tuple[int, ...] = ()
     # the image decoded from the latent accumulated up to this scale, [B, 3, H, W] in [0, 1]; only when the plan
     # asked for it (ScalePlan.decode_latent: pixel-domain criteria such as LD-Pruning's |I_k - I_{k-1}|)
     image_B3HW: torch.Tensor | None = None

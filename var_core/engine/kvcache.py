@@ -130,11 +130,22 @@ class KVCache:
                                f"tokens")
         start_R = torch.tensor(before, device=device)
         position_Rn = start_R.view(R, 1) + valid.long().cumsum(1) - 1  # cache position of each valid slot
-        rows_T, slots_T = valid.nonzero(as_tuple=True)
-        target_T = position_Rn[rows_T, slots_T]
-        self.keys[block][rows_T, :, target_T] = k_RHnd[rows_T, :, slots_T]
-        self.values[block][rows_T, :, target_T] = v_RHnd[rows_T, :, slots_T]
+        prefix = torch.arange(n, device=device).view(1, n) < torch.tensor(counts, device=device).view(R, 1)
+        if bool((prefix == valid).all()):  # padding at the end of each row (top_tokens): one slice copy per row
+            keys, values = self.keys[block], self.values[block]
+            for r, (b, c) in enumerate(zip(before, counts)):
+                keys[r, :, b:b + c] = k_RHnd[r, :, :c]
+                values[r, :, b:b + c] = v_RHnd[r, :, :c]
+        else:
+            rows_T, slots_T = valid.nonzero(as_tuple=True)
+            target_T = position_Rn[rows_T, slots_T]
+            self.keys[block][rows_T, :, target_T] = k_RHnd[rows_T, :, slots_T]
+            self.values[block][rows_T, :, target_T] = v_RHnd[rows_T, :, slots_T]
         end = max(after)
+        for r, length in enumerate(after):  # a shorter row's slots up to the longest row's end: masked, but never
+            if length < end:                # uninitialised memory (NaN there would survive the -inf mask)
+                self.keys[block][r, :, length:end] = 0
+                self.values[block][r, :, length:end] = 0
         self.lengths[block] = end
         self.row_lengths[block] = after
         uniform = len(set(after)) == 1

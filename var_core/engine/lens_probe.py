@@ -36,9 +36,10 @@ class LensProbe:
 
     Args:
         full_logits: computes the head on every row, ``[R, N, V]`` (the adapter's ``logits``).
-        head_parts: optional; returns ``(features_RNC, linear)`` — the head's normalised input and its affine
-            layer — enabling :meth:`mixed_logits` and :meth:`cond_logits` without the full head. Without it those
-            fall back to combining :meth:`logits`.
+        head_parts: optional; ``head_parts(rows=None)`` returns ``(features_RNC, linear)`` — the head's normalised
+            input (of the network rows ``rows`` only, when given) and its affine layer — enabling
+            :meth:`mixed_logits` and :meth:`cond_logits` without the full head. Without it those fall back to
+            combining :meth:`logits`.
         batch_size: samples ``B``.
     """
 
@@ -96,43 +97,49 @@ class LensProbe:
             return self._logits[self._rows_of(index.to(self._logits.device), 2 if self.both_halves else 1)]
         key = ("logits", tuple(index.tolist()))
         if key not in self._cache:
-            parts = self._features()
             rows = self._rows_of(index, 2 if self.both_halves else 1)
+            parts = self._features(rows)
             if parts is None:  # no head parts: the full head, then the rows asked for
                 return self.logits()[rows.to(self.logits().device)]
             features, linear = parts
-            self._cache[key] = F.linear(features[rows.to(features.device)], linear.weight, linear.bias).float()
+            self._cache[key] = F.linear(features, linear.weight, linear.bias).float()
             self.projected_rows += int(rows.numel())
         return self._cache[key]
 
-    def _features(self) -> HeadParts | None:
+    def _features(self, rows: torch.Tensor | None = None) -> HeadParts | None:
+        """Head features of every row (``rows`` None) or of the network rows ``rows`` (in that order)."""
         if self._head_parts is None:
             return None
-        if self._parts is None:
-            self._parts = self._head_parts()
-        return self._parts
+        if rows is None or self._parts is not None:
+            if self._parts is None:
+                self._parts = self._head_parts()
+            features, linear = self._parts
+            return self._parts if rows is None else (features[rows.to(features.device)], linear)
+        key = ("features", tuple(rows.tolist()))
+        if key not in self._cache:
+            self._cache[key] = self._head_parts(rows)
+        return self._cache[key]
 
     def cond_logits(self, samples=None) -> torch.Tensor:
         """``[B, N, V]``: the first ``B`` rows (the conditional half, or the only half); ``samples``: those samples'
         rows only, in sample order."""
         index = self._sample_index(samples)
-        parts = None if self._logits is not None or not self.both_halves else self._features()
-        if parts is None:
+        if self._logits is not None or not self.both_halves or self._head_parts is None:
             if not self.both_halves:
                 return self.logits(samples)
             logits = self.logits()[: self.batch_size]
             return logits if index is None else logits[index.to(logits.device)]
         key = ("cond", None if index is None else tuple(index.tolist()))
         if key not in self._cache:
-            features, linear = parts
-            features = features[: self.batch_size] if index is None else features[index.to(features.device)]
+            rows = torch.arange(self.batch_size) if index is None else index
+            features, linear = self._features(rows)
             self._cache[key] = F.linear(features, linear.weight, linear.bias).float()
             self.projected_rows += features.shape[0]
         return self._cache[key]
 
     def mixed_logits(self, cond_weight_B: torch.Tensor, uncond_weight_B: torch.Tensor, samples=None) -> torch.Tensor:
-        """``[B, N, V]`` = ``w_c·ℓ_cond + w_u·ℓ_uncond`` per sample (both CFG halves must be present); ``samples``:
-        those samples only (``[b, N, V]`` in sample order; the weights stay per sample, ``[B]``)."""
+        """``[B, N, V]`` = ``w_c·ℓ_cond + w_u·ℓ_uncond`` per sample (both CFG halves must be present);
+        ``samples``: those samples only (``[b, N, V]`` in sample order; the weights stay per sample, ``[B]``)."""
         if not self.both_halves:
             raise ValueError(f"mixed_logits needs both CFG halves ({2 * self.batch_size} rows), got {self.rows}")
         B = self.batch_size
@@ -144,7 +151,9 @@ class LensProbe:
         if index is not None:
             cond_weight_B, uncond_weight_B = cond_weight_B[index.cpu()], uncond_weight_B[index.cpu()]
         b = B if index is None else int(index.numel())
-        parts = None if self._logits is not None else self._features()
+        parts = None
+        if self._logits is None and self._head_parts is not None:
+            parts = self._features(None if index is None else self._rows_of(index, 2))
         if parts is None:
             logits = self.logits().float()
             cond, uncond = logits[:B], logits[B:]
@@ -153,14 +162,18 @@ class LensProbe:
             wc, wu = (w.to(logits.device, logits.dtype).view(b, 1, 1) for w in (cond_weight_B, uncond_weight_B))
             mixed = wc * cond + wu * uncond
         else:
-            features, linear = parts
-            cond, uncond = features[:B], features[B:]
-            if index is not None:
-                cond, uncond = cond[index.to(features.device)], uncond[index.to(features.device)]
+            features, linear = parts  # [2b, N, C]: the samples' cond rows, then their uncond rows
+            cond, uncond = features[:b], features[b:]
             wc, wu = (w.to(features.device, features.dtype).view(b, 1, 1) for w in (cond_weight_B, uncond_weight_B))
-            mixed = F.linear(wc * cond + wu * uncond, linear.weight).float()
+            bias_scale = wc + wu
             self.projected_rows += b
-            if linear.bias is not None:
-                mixed = mixed + (wc + wu).float() * linear.bias.float()
+            if linear.bias is not None and bool((bias_scale == bias_scale.flatten()[0]).all()):
+                # one weight for every sample (VAR: α = 1): the scaled bias rides in the GEMM (no pass over [b, N, V])
+                bias = linear.bias * bias_scale.flatten()[0]
+                mixed = F.linear(wc * cond + wu * uncond, linear.weight, bias).float()
+            else:
+                mixed = F.linear(wc * cond + wu * uncond, linear.weight).float()
+                if linear.bias is not None:
+                    mixed = mixed + bias_scale.float() * linear.bias.float()
         self._cache[key] = mixed
         return mixed

@@ -154,6 +154,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     lens_rows: list[tuple[int, int]] = []
     packed_counts: list[tuple[int | None, ...]] = []
     pairs: list[int | None] = []
+    stats_flops = [0] * ctx.num_blocks
     packing, last_keep = None, None
     for block in range(ctx.num_blocks):
         x_in_RNC = x_RNC
@@ -181,6 +182,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
                 block_pairs = cache.take_attention_pairs(block)
             if probs is not None:  # an AttentionProbe (engine.attention): statistics computed on demand
                 policy.observe_attention(ctx, block, probs, keep_Rn)
+                stats_flops[block] = getattr(probs, "flops", 0)
             if keep_Rn is not None:
                 with tracer.span("restore", si, block):
                     out = policy.restore(ctx, block, branch, out, keep_Rn, x_RNC)
@@ -197,7 +199,8 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         if block in plan.lens_blocks:
             with tracer.span("lens", si, block):
                 lens = LensProbe(lambda x=x_RNC: adapter.logits(state, x), ctx.batch_size, x_RNC.shape[0],
-                                 head_parts=lambda x=x_RNC: adapter.head_parts(state, x))
+                                 head_parts=lambda rows=None, x=x_RNC: adapter.head_parts(
+                                     state, x if rows is None else x.index_select(0, rows.to(x.device)), rows))
                 policy.observe_lens(ctx, block, lens)
                 lens_rows.append((block, lens.projected_rows))
     with tracer.span("head", si):
@@ -230,5 +233,6 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         kept_tokens=tuple(kept_counts), lens_rows=tuple(lens_rows),
         packed_tokens=tuple(packed_counts) if any(c is not None for b in packed_counts for c in b) else (),
         attention_pairs=tuple(pairs) if any(p is not None for p in pairs) else (),
+        attention_stats_flops=tuple(stats_flops) if any(stats_flops) else (),
         image_B3HW=image,
     )

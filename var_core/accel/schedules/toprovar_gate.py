@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..attention_stats import fill_missing, may_prune_at, may_prune_next, record_attention_entropy, region_floor
+from ..attention_stats import (fill_missing, may_prune_at, may_prune_next, publish_first_prunable,
+                               record_attention_entropy, region_floor)
 from ..base import NO_NEEDS, Needs, Schedule, Signals
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
@@ -243,6 +244,9 @@ class ToProVARGate(Schedule):
 
     def start(self, info, signals: Signals) -> None:
         self.check_model(info)
+        # nothing is pruned before s_rep (0-indexed: scale s_rep is the first after it), so attention statistics
+        # read only at pruned scales (the attention scorer's maps) are not computed earlier
+        publish_first_prunable(signals, self.config.s_rep)
         signals.extras[EXTRAS_KEY] = dict(R_BL=None, sigma_ratio_BL=None, detail_BL=None, classified_at=None,
                                           R_by_scale={}, prune_fraction={})
 

@@ -29,7 +29,9 @@ class AttentionScorer(Scorer):
     * ``previous_block``: block ``l−1``'s map at the current scale (tokens pruned in block ``l−1`` have no value and
       are filled per ``missing``). Block 0 falls back to ``previous_scale``.
 
-    ``blocks`` restricts which blocks' attention is observed (eager attention is only forced there); empty = all.
+    ``blocks`` restricts which blocks' attention is observed (the entropy pass runs only there: a fused or chunked
+    ``log Z − E[s]``, never the probabilities, var_core/engine/attention.py); empty = all. No map is computed before
+    a schedule's first prunable scale (``attention_stats.first_prunable_scale``, published by ``toprovar_gate``).
     A block without its own observation uses the nearest observed block below it (or above it if none is below).
     Maps of a pruned scale have no value at pruned queries: ``missing`` fills them (``lowest``: rank last — a token
     pruned before stays a candidate for pruning — or ``row_mean``) before resizing. Returns ``[R, N]``; 0 when no
@@ -55,7 +57,7 @@ class AttentionScorer(Scorer):
                                                                                            "previous_block")))
         upsample: str = knob("bilinear", "resize of a previous scale's map to the current grid", choices=RESIZE_MODES,
                              reconstructed=True)
-        blocks: tuple[int, ...] = knob((), "blocks whose attention is observed (eager attention there); () = all",
+        blocks: tuple[int, ...] = knob((), "blocks whose attention entropy is computed; () = all",
                                        low=0)
         missing: str = knob("lowest", "value given to tokens without a map value (not computed in that block)",
                             choices=MISSING_FILLS, reconstructed=True)

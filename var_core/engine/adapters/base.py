@@ -119,10 +119,12 @@ class ModelAdapter(ABC):
         adapter's ``run_branch`` must honour it) or None (the padded layout). Default: padded."""
         return None
 
-    def head_parts(self, state: Any, x_RNC: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Linear] | None:
+    def head_parts(self, state: Any, x_RNC: torch.Tensor, rows: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.nn.Linear] | None:
         """``(features_RNC, linear)`` with ``logits == linear(features)``: the head's normalised input and its affine
-        layer, so a lens can mix CFG rows before the (costly) projection (see ``engine.lens_probe``). None: the
-        family's head is not affine in one feature tensor; lens mixtures then combine full logits."""
+        layer, so a lens can mix CFG rows before the (costly) projection (see ``engine.lens_probe``). ``rows``
+        (int64 network-row indices): ``x_RNC`` holds only those rows (a lens on some samples). None: the family's
+        head is not affine in one feature tensor; lens mixtures then combine full logits."""
         return None
 
     @abstractmethod

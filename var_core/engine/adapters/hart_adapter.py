@@ -321,8 +321,9 @@ class HARTAdapter(ModelAdapter):
     def logits(self, state: HARTState, x_RNC: torch.Tensor) -> torch.Tensor:
         return self.model.logits(x_RNC, state.head_cond_R1C)
 
-    def head_parts(self, state: HARTState, x_RNC: torch.Tensor):
-        return self.model.head_input(x_RNC, state.head_cond_R1C), self.model.head
+    def head_parts(self, state: HARTState, x_RNC: torch.Tensor, rows: torch.Tensor | None = None):
+        cond = state.head_cond_R1C if rows is None else state.head_cond_R1C[rows]
+        return self.model.head_input(x_RNC, cond), self.model.head
 
     def row_packing(self, keep_Rn: torch.Tensor, valid_Rn: torch.Tensor | None) -> RowPacking | None:
         return RowPacking(keep_Rn, valid_Rn) if RowPacking.worthwhile(valid_Rn) else None

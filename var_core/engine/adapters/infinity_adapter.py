@@ -300,8 +300,9 @@ class InfinityAdapter(ModelAdapter):
     def context_length(self, state: InfinityState) -> int | None:
         return int(state.text_mask_RL.shape[1])
 
-    def head_parts(self, state: InfinityState, x_RNC: torch.Tensor):
-        return self.model.head_nm(x_RNC, state.cond_RD), self.model.head
+    def head_parts(self, state: InfinityState, x_RNC: torch.Tensor, rows: torch.Tensor | None = None):
+        cond = state.cond_RD if rows is None else state.cond_RD[rows]
+        return self.model.head_nm(x_RNC, cond), self.model.head
 
     def guide(self, state: InfinityState, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig,
               cond_only_B: torch.Tensor | None = None) -> torch.Tensor:

@@ -126,8 +126,9 @@ class VARAdapter(ModelAdapter):
     def logits(self, state: VARState, x_RNC: torch.Tensor) -> torch.Tensor:
         return self.var.logits(x_RNC, state.cond_RD)
 
-    def head_parts(self, state: VARState, x_RNC: torch.Tensor):
-        return self.var.head_input(x_RNC, state.cond_RD), self.var.head
+    def head_parts(self, state: VARState, x_RNC: torch.Tensor, rows: torch.Tensor | None = None):
+        cond = state.cond_RD if rows is None else state.cond_RD[rows]
+        return self.var.head_input(x_RNC, cond), self.var.head
 
     def guide(self, state: VARState, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig,
               cond_only_B: torch.Tensor | None = None) -> torch.Tensor:
