@@ -32,12 +32,15 @@ OFFICIAL_VAE_FILE = "vae_ch160v4096z32.pth"
 TESTBED_DIR = Path(__file__).resolve().parent / "testbed" / "weights"
 
 
+def fixture_dir(env_var: str, name: str) -> Path:
+    """An official golden fixture folder: ``$env_var`` if set, else ``shared/fixtures/<name>`` beside the checkout."""
+    env = os.environ.get(env_var)
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "fixtures" / name
+
+
 def default_fixture_dir() -> Path:
     """The official VAR golden fixture: ``$VARSCOPE_VAR_FIXTURE`` or ``../shared/fixtures/official_var_tiny``."""
-    env = os.environ.get("VARSCOPE_VAR_FIXTURE")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_var_tiny"
+    return fixture_dir("VARSCOPE_VAR_FIXTURE", "official_var_tiny")
 
 
 @dataclass(frozen=True)
@@ -424,10 +427,7 @@ T5_ENV = "VARSCOPE_T5_DIR"
 def default_infinity_fixture_dir() -> Path:
     """The official Infinity golden fixture: ``$VARSCOPE_INFINITY_FIXTURE`` or
     ``../shared/fixtures/official_infinity_tiny``."""
-    env = os.environ.get("VARSCOPE_INFINITY_FIXTURE")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_infinity_tiny"
+    return fixture_dir("VARSCOPE_INFINITY_FIXTURE", "official_infinity_tiny")
 
 
 @dataclass(frozen=True)
@@ -698,10 +698,7 @@ HART_EMA_FILE = "ema_model.bin"  # the official scripts load these weights by de
 
 def default_hart_fixture_dir() -> Path:
     """The official HART golden fixture: ``$VARSCOPE_HART_FIXTURE`` or ``../shared/fixtures/official_hart_tiny``."""
-    env = os.environ.get("VARSCOPE_HART_FIXTURE")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_hart_tiny"
+    return fixture_dir("VARSCOPE_HART_FIXTURE", "official_hart_tiny")
 
 
 @dataclass(frozen=True)

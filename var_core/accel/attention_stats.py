@@ -229,3 +229,12 @@ __all__ = ["FIRST_PRUNABLE_KEY", "MISSING_FILLS", "RECEIVED_MASS_KEY", "align_ro
            "first_occurrence_Rn", "first_prunable_scale", "may_prune_at", "may_prune_next", "publish_first_prunable",
            "query_attention_entropy", "received_attention_mass", "record_attention_entropy", "record_received_mass",
            "region_floor", "region_ids", "region_priority", "region_quotas", "scatter_to_map"]
+
+
+def entropy_source_blocks(source: str, num_blocks: int) -> frozenset[int]:
+    """The blocks whose attention ToProVAR's depth rule reads for ``entropy_source`` (shared by the
+    ``low_entropy_ratio`` activation and the ``depth_exit`` skip): none for ``predictive``, block 0 for
+    ``attention_block0``, every block otherwise."""
+    if source == "predictive":
+        return frozenset()
+    return frozenset({0} if source == "attention_block0" else range(num_blocks))

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from ..activation.low_entropy_ratio import COMPARISONS, ENTROPY_SOURCES, below_mean_ratio, depth_fires
-from ..attention_stats import record_attention_entropy
+from ..attention_stats import entropy_source_blocks, record_attention_entropy
 from ..base import NO_NEEDS, Needs, ScaleSkip, Signals, SkipDecision
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SKIPS
@@ -102,11 +102,10 @@ class DepthExit(ScaleSkip):
         return SkipDecision(stop=True) if self.config.mode == "stop" else SkipDecision(skip=True)
 
     def needs(self, ctx, signals: Signals) -> Needs:
-        source = self.config.entropy_source
-        if source == "predictive" or not self._testable(ctx) or not bool(self._undecided(ctx, signals).any()):
+        blocks = entropy_source_blocks(self.config.entropy_source, ctx.num_blocks)
+        if not blocks or not self._testable(ctx) or not bool(self._undecided(ctx, signals).any()):
             return NO_NEEDS
-        blocks = {0} if source == "attention_block0" else set(range(ctx.num_blocks))
-        return Needs(attention_blocks=frozenset(blocks))
+        return Needs(attention_blocks=blocks)
 
     def observe_attention(self, ctx, block, probs_RHnL, keep_Rn, signals: Signals) -> None:
         source = self.config.entropy_source
