@@ -99,6 +99,7 @@ class FamilyInfo:
     doc: str
     table: str = ""
     analysis: Callable[[AnalysisContext], dict] | None = None
+    samples: int = 64  # the CLI's default samples per arm (a family with many arms lowers it to fit the time budget)
 
 
 FAMILIES: dict[str, tuple[Callable[[FamilyContext], list[Arm]], str]] = {}
@@ -108,13 +109,15 @@ FAMILY_MODULES = ("scorer", "activation", "linkage", "cache", "guidance", "extra
 NOT_FAMILIES = ("base", "runner", "overrides", "probes", "validate", "report", "calibrate")
 
 
-def family(name: str, doc: str, *, table: str = "", analysis: Callable[[AnalysisContext], dict] | None = None):
-    """Register a recipe as the family ``name``; ``table`` names the paper table it reproduces ("" = none)."""
+def family(name: str, doc: str, *, table: str = "", analysis: Callable[[AnalysisContext], dict] | None = None,
+           samples: int = 64):
+    """Register a recipe as the family ``name``; ``table`` names the paper table it reproduces ("" = none);
+    ``samples`` is the default samples per arm of ``studies.ablate`` for it."""
     def decorator(fn: Callable[[FamilyContext], list[Arm]]):
         if name in FAMILIES and FAMILIES[name][0] is not fn:
             raise ValueError(f"ablation family {name!r} already defined")
         FAMILIES[name] = (fn, doc)
-        FAMILY_INFO[name] = FamilyInfo(name, fn, doc, table, analysis)
+        FAMILY_INFO[name] = FamilyInfo(name, fn, doc, table, analysis, samples)
         return fn
 
     return decorator

@@ -107,8 +107,8 @@ def model_schedule(name: str) -> tuple[tuple[int, int], ...] | None:
     sides = None
     if spec.var_config is not None:
         sides = spec.var_config.patch_nums
-    elif base == "testbed":
-        sides = ((_read_json(zoo.TESTBED_DIR / "testbed.json") or {}).get("var_config") or {}).get("patch_nums")
+    elif zoo.is_testbed(base):
+        sides = ((_read_json(zoo.testbed_folder(base) / "testbed.json") or {}).get("var_config") or {}).get("patch_nums")
     elif base == "official-tiny":
         config = _read_json(zoo.default_fixture_dir() / "config.json") or {}
         sides = (config.get("build_vae_var_kwargs") or {}).get("patch_nums")
@@ -138,8 +138,9 @@ def model_weights(name: str) -> str:
     base = name.removeprefix("random:")
     spec = zoo.ZOO[base]
     fixture = _fixture(base)
-    if base == "testbed":
-        return "shipped in var_core/testbed/weights/ (nothing to download)"
+    if zoo.is_testbed(base):
+        folder = zoo.testbed_folder(base).relative_to(zoo.TESTBED_DIR.parents[2])
+        return f"shipped in {folder.as_posix()}/ (nothing to download)"
     if fixture is not None:
         folder, env = fixture
         where = folder()

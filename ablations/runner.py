@@ -177,7 +177,8 @@ def load_study_model(model: str, weights: str | None, *, vae_weights: str | None
     kwargs: dict[str, Any] = {}
     if vae_weights is not None:
         base = model.removeprefix("random:")
-        if model.startswith("random:") or base in ("testbed", "official-tiny", "official-infinity-tiny"):
+        if model.startswith("random:") or base in ("testbed", "testbed-small", "official-tiny",
+                                                    "official-infinity-tiny"):
             raise UserError(f"--vae-weights is for the official checkpoints (var-d16 … var-d36, infinity-2b, "
                             f"infinity-8b, infinity-tiny); {model} "
                             + ("draws seeded random weights" if model.startswith("random:") else
@@ -246,10 +247,10 @@ def _default_sampling(adapter, model: str, weights: str | None):
         return default
     if isinstance(default, dict):
         return SamplingConfig(**default)
-    if model.removeprefix("random:") == "testbed":
-        from var_core.zoo import TESTBED_DIR
+    from var_core.zoo import is_testbed, testbed_folder
 
-        card = Path(weights) / "testbed.json" if weights else TESTBED_DIR / "testbed.json"
+    if is_testbed(model):
+        card = testbed_folder(model, weights) / "testbed.json"
         try:
             data = json.loads(card.read_text()).get("default_sampling")
             if data:

@@ -37,6 +37,9 @@ PAPER_ARMS = ("attention", "mse", "entropy")  # NOVA Table 4: Attn, MSE, Entropy
 
 
 LAYER_MAP_SAMPLES = 4
+# 19 arms: 32 samples per arm keep the default study (no arguments, the depth-8 testbed, 2 CPU cores) within 5
+# minutes (README); the table states the CI width this buys. --samples 64 or more for a paper-grade table.
+DEFAULT_SAMPLES = 32
 
 
 def arm_name(label: str, tau: float) -> str:
@@ -76,7 +79,7 @@ def layer_entropy_analysis(ctx: AnalysisContext) -> dict:
 
 
 @family("scorer", "entropy vs attention vs MSE (+ mean distance, lhep, random) at 3 pruning levels on NOVA's base",
-        table="NOVA Table 4", analysis=layer_entropy_analysis)
+        table="NOVA Table 4", analysis=layer_entropy_analysis, samples=DEFAULT_SAMPLES)
 def scorer_family(ctx: FamilyContext) -> list[Arm]:
     arms = [baseline_arm()]
     for label, (component, params, what) in SCORERS.items():

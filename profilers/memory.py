@@ -11,8 +11,10 @@ Two sources, never mixed in one column:
 * **Analytic (any device; the only option on CPU)** — :func:`analytic_memory` derives from the generation's
   records, per scale, the bytes of the tensors that dominate memory:
 
-  - ``kv_cache_bytes``: keys + values the cache *holds* after the scale: ``Σ_blocks 2·R·L_b·C·e`` with ``L_b``
-    the block's accumulated attention-branch kept tokens (``R``: rows at this scale, ``e``: element size);
+  - ``kv_cache_bytes``: keys + values the cache *holds* after the scale: ``Σ_blocks 2·K_b·C·e`` with ``K_b``
+    the block's accumulated valid keys summed over rows — ``R·n`` per scale for a rectangle of ``R`` rows and
+    ``n`` kept tokens, the record's ``packed_tokens`` when the rows were ragged (the packed cache stores each
+    row's valid keys only, issue 16; ``e``: element size);
   - ``kv_reserved_bytes``: what :class:`~var_core.engine.kvcache.KVCache` actually allocates (it pre-allocates
     ``2·R·C·L_max·e`` per block at the block's first append, ``L_max`` = all tokens of all scales, and keeps that
     storage when guidance rows are dropped), so on a real allocator this, not ``kv_cache_bytes``, is resident;
@@ -190,7 +192,8 @@ def analytic_memory(
     except ValueError:
         attn_index = None
     eager_attention = eager_attention or {}
-    kv_len = [0] * arch.depth
+    kv_len = [0] * arch.depth  # per block: tokens appended (the rectangle's width), for the attention scores
+    kv_keys = [0] * arch.depth  # per block: valid keys held, summed over rows
     reserved_rows = [0] * arch.depth  # rows of each block's buffers at its first append (kept after a row drop:
     # KVCache.select_rows slices views, so the storage is not released)
     L_max = arch.total_tokens + arch.prefix_len
@@ -211,11 +214,13 @@ def analytic_memory(
         for block, counts in enumerate(kept):
             if attn_index is not None:
                 kv_len[block] += counts[attn_index]
+                packed = record.packed_tokens[block][attn_index] if record.packed_tokens else None
+                kv_keys[block] += packed if packed is not None else R * counts[attn_index]
                 if not reserved_rows[block] and counts[attn_index] > 0:
                     reserved_rows[block] = R
                 if block in eager:
                     scores = max(scores, R * H * counts[attn_index] * kv_len[block] * e)
-        kv_used = sum(2 * R * L * C * e for L in kv_len)
+        kv_used = sum(2 * keys * C * e for keys in kv_keys)
         kv_reserved = sum(2 * rows * L_max * C * e for rows in reserved_rows)
         sizes = {
             "hidden": R * N * C * e,

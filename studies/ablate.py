@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="model name (default: testbed when its weights are shipped, else official-tiny)")
     add_model_arguments(parser)  # --weights --vae-weights --text-encoder --cfg --top-k --top-p --temperature
     #                               --prompts --save-images (studies._model_cli)
-    parser.add_argument("--samples", type=at_least(2, "(confidence intervals need spread)"), default=64,
-                        help="samples per arm (default 64)")
+    parser.add_argument("--samples", type=at_least(2, "(confidence intervals need spread)"), default=None,
+                        help="samples per arm (default: the family's, 64; scorer 32, its 19 arms within the "
+                             "default study's 5 minutes)")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="generation batch size (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="base seed; sample i uses a hash of (seed, i)")
     parser.add_argument("--out", default=None, type=results_folder,
@@ -136,6 +137,18 @@ def cmd_validate(args) -> int:
     return 0 if report.ok else 1
 
 
+def default_samples(args) -> int:
+    """``--samples``, else the family's default (``FamilyInfo.samples``: 64, fewer for a family with many arms)."""
+    if args.samples is not None:
+        return args.samples
+    from ablations.base import family_info
+
+    try:
+        return family_info(args.command).samples
+    except KeyError:  # an unknown family: plan_study reports it with a did-you-mean
+        return 64
+
+
 def cmd_family(args) -> int:
     from ablations.overrides import OverrideError
     from ablations.runner import StudyOptions, plan_study, run_study
@@ -144,7 +157,7 @@ def cmd_family(args) -> int:
     if wandb_mode not in ("offline", "online", "disabled"):
         wandb_mode = "disabled" if wandb_mode in ("dryrun", "off") else "offline"
     options = StudyOptions(
-        family=args.command, model=args.model, weights=args.weights, samples=args.samples,
+        family=args.command, model=args.model, weights=args.weights, samples=default_samples(args),
         batch_size=args.batch_size, seed=args.seed, out=args.out, accelerator=args.accelerator,
         devices=args.devices, num_nodes=args.num_nodes, strategy=args.strategy, wandb=wandb_mode,
         overrides=tuple(args.overrides),

@@ -30,6 +30,20 @@ OFFICIAL_VQVAE = dict(vocab_size=4096, z_channels=32, ch=160, ch_mult=(1, 1, 2, 
                       share_quant_resi=4)
 OFFICIAL_VAE_FILE = "vae_ch160v4096z32.pth"
 TESTBED_DIR = Path(__file__).resolve().parent / "testbed" / "weights"
+TESTBED_SMALL_DIR = TESTBED_DIR / "small"
+# the trained testbeds: zoo name -> shipped folder (testbed.json, var.safetensors; the VQVAE file they share is named
+# in the card's "vqvae_file", default vqvae.safetensors beside it)
+TESTBED_FOLDERS = {"testbed": TESTBED_DIR, "testbed-small": TESTBED_SMALL_DIR}
+
+
+def is_testbed(name: str) -> bool:
+    """Whether ``name`` (``random:`` allowed) is one of the trained testbeds (``testbed``, ``testbed-small``)."""
+    return str(name).removeprefix("random:") in TESTBED_FOLDERS
+
+
+def testbed_folder(name: str = "testbed", weights: str | Path | None = None) -> Path:
+    """The folder a testbed loads from: ``weights`` if given, else the shipped folder of entry ``name``."""
+    return Path(weights) if weights is not None else TESTBED_FOLDERS[str(name).removeprefix("random:")]
 
 
 def fixture_dir(env_var: str, name: str) -> Path:
@@ -72,7 +86,10 @@ ZOO: dict[str, ModelSpec] = {
     for spec in (
         _official(16), _official(20), _official(24), _official(30),
         _official(36, PATCH_NUMS_512, shared_aln=True),
-        ModelSpec("testbed", "var", "the project's trained tiny class-conditional VAR (default; shipped weights)"),
+        ModelSpec("testbed", "var", "the project's trained class-conditional VAR, depth 8, width 256 (default; "
+                                    "shipped weights)"),
+        ModelSpec("testbed-small", "var", "the first testbed, depth 4, width 128: same VQVAE, data and classes, "
+                                          "6x fewer FLOPs (fast tests; shipped weights)"),
         ModelSpec("official-tiny", "var", "the official-code golden fixture's random tiny VAR (tests and demos)"),
     )
 }
@@ -343,12 +360,13 @@ def load_fixture_files(folder: str | Path | None = None, saln: bool = False):
                           expected=var_expected, expected_vqvae=vq_expected, label=label, hint=hint)
 
 
-def _load_testbed(weights: str | Path | None, seed: int | None, random_weights: bool):
-    folder = Path(weights) if weights is not None else TESTBED_DIR
+def _load_testbed(name: str, weights: str | Path | None, seed: int | None, random_weights: bool):
+    folder = testbed_folder(name, weights)
     card = folder / "testbed.json"
     if not card.exists():
+        shipped = TESTBED_FOLDERS[name.removeprefix("random:")]
         raise CheckpointError(
-            f"testbed weights not found: {card} is missing. The shipped weights live in {TESTBED_DIR}; "
+            f"testbed weights not found: {card} is missing. The shipped weights live in {shipped}; "
             f"train them with `python -m var_core.testbed.train` or pass --weights DIR"
         )
     meta = json.loads(card.read_text())
@@ -356,13 +374,13 @@ def _load_testbed(weights: str | Path | None, seed: int | None, random_weights: 
     vq_kwargs = dict(meta["vqvae_config"])
     if random_weights:
         return build_var_pair(var_cfg, vq_kwargs, seed)
-    var_sd, vae_sd = read_state_dict(folder / "var.safetensors"), read_state_dict(folder / "vqvae.safetensors")
-    check_var_vqvae_pair(var_sd, vae_sd, folder / "var.safetensors", folder / "vqvae.safetensors",
-                         num_scales=var_cfg.num_scales)
+    var_file, vae_file = folder / "var.safetensors", (folder / meta.get("vqvae_file", "vqvae.safetensors")).resolve()
+    var_sd, vae_sd = read_state_dict(var_file), read_state_dict(vae_file)
+    check_var_vqvae_pair(var_sd, vae_sd, var_file, vae_file, num_scales=var_cfg.num_scales)
     var = VAR(var_cfg)
-    load_strict(var, var_sd, "testbed VAR", folder / "var.safetensors")
+    load_strict(var, var_sd, "testbed VAR", var_file)
     vae = _vqvae(vq_kwargs)
-    load_strict(vae, vae_sd, "testbed VQVAE", folder / "vqvae.safetensors")
+    load_strict(vae, vae_sd, "testbed VQVAE", vae_file)
     return var, vae
 
 
@@ -388,8 +406,8 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
         return load_hart_model(name, weights, vae_weights, device=device, seed=seed, dtype=dtype, **options)
     if options:
         raise TypeError(f"unexpected options for the VAR model {name!r}: {sorted(options)}")
-    if base == "testbed":
-        var, vae = _load_testbed(weights, seed, random_weights)
+    if base in TESTBED_FOLDERS:
+        var, vae = _load_testbed(base, weights, seed, random_weights)
     elif base == "official-tiny":
         var, vae = load_fixture_files(weights)
         if random_weights:
@@ -404,11 +422,10 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     vae.to(device=device).eval().requires_grad_(False)
     adapter = VARAdapter(var, vae)
     adapter.model_name = name
-    if base == "testbed":
+    if base in TESTBED_FOLDERS:
         from .engine.sampling import SamplingConfig
 
-        folder = Path(weights) if weights is not None else TESTBED_DIR
-        meta = json.loads((folder / "testbed.json").read_text())
+        meta = json.loads((testbed_folder(base, weights) / "testbed.json").read_text())
         if "default_sampling" in meta:
             known = {"cfg", "top_k", "top_p", "temperature"}
             adapter.default_sampling = SamplingConfig(**{k: v for k, v in meta["default_sampling"].items()

@@ -285,6 +285,26 @@ def test_gflops_vs_resolution(tmp_path):
 
 
 # ----- memory -------------------------------------------------------------------------------------------------
+def test_analytic_kv_cache_counts_valid_keys_of_ragged_rows(small_adapter):
+    """The packed cache holds each row's valid keys only: a ragged last scale whose rows kept N and N - 5 tokens
+    (rectangle N wide, packed_tokens 2N - 5) holds 5 keys per block fewer than the rectangle (hand-worked)."""
+    import dataclasses
+
+    dense = generate(small_adapter, [1], seeds=[0], sampling=GREEDY, options=NO_DECODE)
+    arch = arch_from_adapter(small_adapter)
+    last = dense.records[-1]
+    N = last.hw[0] * last.hw[1]
+    branches = len(arch.branches)
+    attn = arch.branches.index("attn")
+    kept = tuple((N,) * branches for _ in range(arch.depth))
+    packed = tuple(tuple(2 * N - 5 if b == attn else None for b in range(branches)) for _ in range(arch.depth))
+    ragged = [*dense.records[:-1], dataclasses.replace(last, kept_tokens=kept, packed_tokens=packed)]
+    R, L, C = 2, arch.total_tokens, arch.embed_dim
+    held = analytic_memory(small_adapter, ragged, 1).frame()["kv_cache_bytes"]
+    assert held.iloc[-1] == arch.depth * 2 * (R * L - 5) * C * 4
+    assert held.iloc[-2] == arch.depth * 2 * R * (L - N) * C * 4
+
+
 def test_analytic_memory_fields(small_adapter):
     dense = generate(small_adapter, [1], seeds=[0], sampling=GREEDY, options=NO_DECODE)
     pruned = generate(small_adapter, [1], seeds=[0], sampling=GREEDY, policy=HalfLastScale(), options=NO_DECODE)

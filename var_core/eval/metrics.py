@@ -195,7 +195,7 @@ def classifier_compatibility(adapter: Any, classifier: Any | None, classifier_er
         return (f"the model makes {size}-px images, the testbed classifier was trained on "
                 f"{classifier.image_size}-px testbed images (its classes would be meaningless here)")
     name = str(getattr(adapter, "model_name", "")).removeprefix("random:")
-    if name and name != "testbed":
+    if name and name not in ("testbed", "testbed-small"):
         return (f"the model {getattr(adapter, 'model_name', name)!r} was not trained on the testbed classes "
                 f"(class accuracy is defined for the testbed only)")
     return None

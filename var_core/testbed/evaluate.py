@@ -33,15 +33,14 @@ from pathlib import Path
 import torch
 
 from ..engine import GenerationOptions, SamplingConfig, generate
-from ..zoo import TESTBED_DIR, load_model
+from ..zoo import TESTBED_FOLDERS, load_model, testbed_folder
 from .classifier import ClassifierFeatureExtractor, load_classifier
 from .data import CLASS_NAMES, NUM_CLASSES, make_tensor_dataset
 
 
-def default_sampling(weights: str | Path | None = None) -> SamplingConfig:
+def default_sampling(weights: str | Path | None = None, model: str = "testbed") -> SamplingConfig:
     """The testbed's default sampling setting (``testbed.json`` → ``default_sampling``)."""
-    folder = Path(weights) if weights is not None else TESTBED_DIR
-    card = json.loads((folder / "testbed.json").read_text())
+    card = json.loads((testbed_folder(model, weights) / "testbed.json").read_text())
     return SamplingConfig(**card.get("default_sampling", {}))
 
 
@@ -203,12 +202,12 @@ def save_sample_grid(images01: torch.Tensor, labels: torch.Tensor, path: Path, p
 
 def evaluate(samples: int = 256, batch_size: int = 32, out: Path | None = None, weights: str | Path | None = None,
              sampling: SamplingConfig | None = None, seed: int = 0, ref_samples: int | None = None,
-             plots: bool = True, timing: bool = True) -> dict:
+             plots: bool = True, timing: bool = True, model: str = "testbed") -> dict:
     t_start = time.perf_counter()
     t0 = time.perf_counter()
-    adapter = load_model("testbed", weights=weights)
+    adapter = load_model(model, weights=weights)
     load_seconds = time.perf_counter() - t0
-    sampling = sampling or default_sampling(weights)
+    sampling = sampling or default_sampling(weights, model)
     images, labels, ent_mean, ent_total, gen_seconds = generate_samples(adapter, samples, batch_size, sampling, seed)
     classifier = load_classifier()
     acc, per_class = class_accuracy(classifier, images, labels)
@@ -218,7 +217,7 @@ def evaluate(samples: int = 256, batch_size: int = 32, out: Path | None = None, 
     entropy = entropy_summary(ent_mean, ent_total, labels, patch_nums)
     gen16 = time_generation(adapter, sampling) if timing else None
     metrics = {
-        "samples": samples, "batch_size": batch_size, "seed": seed, "ref_samples": n_ref,
+        "model": model, "samples": samples, "batch_size": batch_size, "seed": seed, "ref_samples": n_ref,
         "sampling": {"cfg": sampling.cfg, "top_k": sampling.top_k, "top_p": sampling.top_p},
         "class_accuracy": acc,
         "class_accuracy_per_class": dict(zip(CLASS_NAMES, per_class)),
@@ -248,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--out", type=Path, default=Path("testbed_eval"), help="output folder (JSON, PNG)")
-    p.add_argument("--weights", type=Path, default=None, help="testbed folder (default: the shipped weights)")
+    p.add_argument("--model", choices=tuple(TESTBED_FOLDERS), default="testbed",
+                   help="which shipped testbed (default: testbed, depth 8 width 256)")
+    p.add_argument("--weights", type=Path, default=None, help="testbed folder (default: the model's shipped weights)")
     p.add_argument("--cfg", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
@@ -260,14 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    base = default_sampling(args.weights)
+    base = default_sampling(args.weights, args.model)
     sampling = SamplingConfig(
         cfg=base.cfg if args.cfg is None else args.cfg,
         top_k=base.top_k if args.top_k is None else args.top_k,
         top_p=base.top_p if args.top_p is None else args.top_p,
     )
     m = evaluate(args.samples, args.batch_size, args.out, args.weights, sampling, args.seed, args.ref_samples,
-                 plots=not args.no_plots, timing=not args.no_timing)
+                 plots=not args.no_plots, timing=not args.no_timing, model=args.model)
     per_class = " ".join(f"{k}={v:.2f}" for k, v in m["class_accuracy_per_class"].items())
     print(f"per-class accuracy: {per_class}")
     print("entropy per token by scale (nats): " + " ".join(f"{v:.2f}" for v in m["entropy_per_token_mean_by_scale"]))

@@ -28,8 +28,10 @@ Stages
 Both training stages are Lightning ``LightningModule`` s, time-boxed with ``Trainer(max_time=...)`` and
 check-pointed every ``--ckpt-every`` steps to ``DIR/<stage>_last.ckpt`` (official-layout weights are exported
 at every checkpoint, too). ``--resume`` continues from that checkpoint; the time budget is *cumulative* over
-resumed runs (Lightning's Timer state is part of the checkpoint). Seeds: ``pl.seed_everything(seed)``, seeded
-DataLoader shuffling and a seeded generator for code restarts; the data are a pure function of ``--data-seed``.
+resumed runs (Lightning's Timer state is part of the checkpoint). The run is step-exact: the LR schedule reads the
+step only (a time box stops early, it never bends the curve), batch ``j`` is a function of (seed, j)
+(``StepBatchSampler``), and every step reseeds the RNG from (seed, step) (label dropout, code restarts), so a
+resumed run equals an uninterrupted one bit for bit. The data are a pure function of ``--data-seed``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import lightning.pytorch as pl
 
+from ..errors import UserError
 from ..models.var import VAR, VARConfig
 from ..models.vqvae import VQVAE
 from .data import CLASS_NAMES, NUM_CLASSES, make_tensor_dataset
@@ -85,7 +89,7 @@ class VQVAETrainConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     warmup_steps: int = 50
-    total_steps: int = 3000  # cosine length in steps (with a time box, the schedule follows max(step, time) progress)
+    total_steps: int = 3000  # cosine length in steps (step-exact: a time box only stops early)
     l1_weight: float = 1.0
     l2_weight: float = 1.0
     vq_weight: float = 1.0
@@ -107,9 +111,9 @@ class VQVAETrainConfig:
 @dataclass
 class VARTrainConfig:
     # architecture (VARConfig; vocab/z_channels/patch_nums come from the VQVAE)
-    depth: int = 4
-    embed_dim: int = 128
-    num_heads: int = 2
+    depth: int = 8  # the default testbed; testbed-small: --preset small (depth 4, width 128, 2 heads)
+    embed_dim: int = 256
+    num_heads: int = 4
     mlp_ratio: float = 4.0
     cond_drop_rate: float = 0.1
     # data
@@ -122,7 +126,7 @@ class VARTrainConfig:
     weight_decay: float = 0.05
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 100
-    total_steps: int = 6000
+    total_steps: int = 1500
     grad_clip: float = 2.0
     label_smoothing: float = 0.0
     bf16: bool = True
@@ -130,6 +134,8 @@ class VARTrainConfig:
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "default": {"vqvae": {}, "var": {}},
+    # testbed-small's VAR (its card: time-boxed at 68 min under the old time-coupled schedule, 2,989 steps)
+    "small": {"vqvae": {}, "var": dict(depth=4, embed_dim=128, num_heads=2, total_steps=6000)},
     # a few-second configuration for tests and smoke runs
     "tiny": {
         "vqvae": dict(vocab_size=32, z_channels=8, ch=8, ch_mult=(1, 2, 2), norm_groups=4, n_images=16,
@@ -147,29 +153,20 @@ def _lr_factor(step: int, progress: float, warmup: int, min_ratio: float) -> flo
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-def _timer(trainer) -> Any:
-    from lightning.pytorch.callbacks import Timer
-
-    return next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
-
-
 class _ScheduledModule(pl.LightningModule):
-    """Shared schedule logic: training progress is ``max(step / total_steps, time / time box)``.
+    """Shared schedule logic: training progress is ``step / total_steps``, nothing else.
 
-    With a time box the cosine therefore always anneals before the budget runs out, whatever the (shared) CPU's
-    speed; without one the schedule is purely step-based (bit-reproducible). The LR is set on every step from
-    the config, so checkpoints need no scheduler state.
+    The schedule is step-exact: a time box (``--max-minutes``) only stops training early, it never bends the LR
+    curve, so a run resumed from its checkpoint follows the same LR trajectory as an uninterrupted one and a
+    re-run with the same seed and step count reproduces it. Choose ``total_steps`` to fit the machine. The LR is
+    set on every step from the config, so checkpoints need no scheduler state.
     """
 
     def progress(self) -> float:
-        trainer = self.trainer
-        p = self.global_step / max(1, self.cfg.total_steps)
-        timer = _timer(trainer)
-        if timer is not None and timer._duration:
-            p = max(p, timer.time_elapsed("train") / timer._duration)
-        return p
+        return self.global_step / max(1, self.cfg.total_steps)
 
     def on_train_batch_start(self, batch, batch_idx):
+        torch.manual_seed(step_seed(self.seed, self.global_step))  # label dropout etc.: a function of the step
         c = self.cfg
         factor = _lr_factor(self.global_step, self.progress(), c.warmup_steps, c.min_lr_ratio)
         for opt in self.trainer.optimizers:
@@ -209,9 +206,59 @@ class _Tokens(Dataset):
         return self.tokens[i].long(), self.labels[i]
 
 
-def _loader(ds: Dataset, batch_size: int, seed: int) -> DataLoader:
-    g = torch.Generator().manual_seed(seed)
-    return DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=0, generator=g)
+def step_seed(seed: int, step: int) -> int:
+    """The RNG seed of training step ``step``: every step's randomness is a function of (seed, step) alone."""
+    return (seed * 1_000_003 + step) % (2**63)
+
+
+class StepBatchSampler(torch.utils.data.Sampler):
+    """Batches of a seeded index stream: epoch ``e`` is ``randperm(n)`` drawn from ``step_seed(seed, e)``, the
+    epochs are concatenated, and batch ``j`` is stream items ``j·B … j·B + B − 1``.
+
+    Batch ``j`` depends on (seed, j) only, so a run resumed at step ``start`` (``start_batch``) draws exactly the
+    batches an uninterrupted run draws from there. ``len`` is one epoch of whole batches; each new iteration (a
+    new Lightning epoch) continues the stream where the last one stopped.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, start_batch: int = 0):
+        if n < batch_size:
+            raise ValueError(f"{n} training items cannot fill one batch of {batch_size}")
+        self.n, self.batch_size, self.seed, self.cursor = n, batch_size, seed, start_batch
+        self._perm: tuple[int, torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size
+
+    def _epoch(self, e: int) -> torch.Tensor:
+        if self._perm is None or self._perm[0] != e:
+            self._perm = (e, torch.randperm(self.n, generator=torch.Generator().manual_seed(step_seed(self.seed, e))))
+        return self._perm[1]
+
+    def batch(self, j: int) -> list[int]:
+        out = []
+        for pos in range(j * self.batch_size, (j + 1) * self.batch_size):
+            out.append(int(self._epoch(pos // self.n)[pos % self.n]))
+        return out
+
+    def __iter__(self):
+        for _ in range(len(self)):
+            j, self.cursor = self.cursor, self.cursor + 1
+            yield self.batch(j)
+
+
+def _loader(ds: Dataset, batch_size: int, seed: int, start_step: int = 0) -> DataLoader:
+    return DataLoader(ds, batch_sampler=StepBatchSampler(len(ds), batch_size, seed, start_step), num_workers=0)
+
+
+# StepBatchSampler makes mid-epoch resumption exact; Lightning cannot know that and warns on every resume
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+
+
+def _checkpoint_step(path: str | None) -> int:
+    """The global step stored in a Lightning checkpoint (0 without one)."""
+    if path is None:
+        return 0
+    return int(torch.load(path, map_location="cpu", weights_only=False).get("global_step", 0))
 
 
 def _train_images(n: int, data_seed: int, cache_dir: Path | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,7 +290,6 @@ class VQVAEModule(_ScheduledModule):
         self.seed = seed
         self.save_hyperparameters({"cfg": _jsonable(asdict(cfg)), "seed": seed})
         self.vae = VQVAE(**cfg.vqvae_kwargs())
-        self.restart_gen = torch.Generator().manual_seed(seed + 1)
         self.n_restarted = 0
 
     def configure_optimizers(self):
@@ -255,10 +301,11 @@ class VQVAEModule(_ScheduledModule):
         c = self.cfg
         q = self.vae.quantize
         step = self.global_step
+        restart_gen = torch.Generator().manual_seed(step_seed(self.seed + 1, step))
         f = self.vae.encode_features(img)
         if step == 0 and q.record_hit == 0 and not getattr(self, "_codebook_initialised", False):
             # data-dependent codebook initialisation: every code starts as an encoder feature vector
-            q.restart_dead_codes(f.detach(), min_usage=1.0, usage_V=torch.zeros(c.vocab_size), generator=self.restart_gen)
+            q.restart_dead_codes(f.detach(), min_usage=1.0, usage_V=torch.zeros(c.vocab_size), generator=restart_gen)
             self._codebook_initialised = True
         f_hat, vq_loss, stats = q(f)
         recon = self.vae.decoder(self.vae.post_quant_conv(f_hat))
@@ -268,7 +315,7 @@ class VQVAEModule(_ScheduledModule):
         if c.restart_every and step > 0 and step % c.restart_every == 0 and self.progress() < c.restart_until \
                 and q.record_hit >= 10:
             n = q.restart_dead_codes(quantizer_inputs(q, f.detach()), min_usage=c.restart_min_usage,
-                                     generator=self.restart_gen)
+                                     generator=restart_gen)
             self.n_restarted += n
             self.log("train/restarted", float(n))
         with torch.no_grad():
@@ -478,8 +525,9 @@ def train_vqvae(out: Path, cfg: VQVAETrainConfig, seed: int = 0, max_minutes: fl
 
     trainer, _ = _make_trainer(out, "vqvae", max_minutes, max_steps or cfg.total_steps, ckpt_every, cfg.grad_clip,
                                "32-true", meta, log_every)
-    trainer.fit(module, _loader(_Uint8Images(images, labels), cfg.batch_size, seed),
-                ckpt_path=_resume_path(out, "vqvae", resume))
+    ckpt = _resume_path(out, "vqvae", resume)
+    trainer.fit(module, _loader(_Uint8Images(images, labels), cfg.batch_size, seed, _checkpoint_step(ckpt)),
+                ckpt_path=ckpt)
     return module
 
 
@@ -542,9 +590,28 @@ def train_var(out: Path, cfg: VARTrainConfig, seed: int = 0, max_minutes: float 
 
     trainer, _ = _make_trainer(out, "var", max_minutes, max_steps or cfg.total_steps, ckpt_every, cfg.grad_clip,
                                "bf16-mixed" if cfg.bf16 else "32-true", meta, log_every)
-    trainer.fit(module, _loader(_Tokens(tokens, labels), cfg.batch_size, seed),
-                ckpt_path=_resume_path(out, "var", resume))
+    ckpt = _resume_path(out, "var", resume)
+    trainer.fit(module, _loader(_Tokens(tokens, labels), cfg.batch_size, seed, _checkpoint_step(ckpt)),
+                ckpt_path=ckpt)
     return module
+
+
+def use_shipped_vqvae(folder: Path, out: Path) -> None:
+    """Put ``folder``'s VQVAE (its ``testbed.json`` card names the file) into training directory ``out``, as a
+    'vqvae' stage would have left it, so the 'var' stage trains a new VAR on the same tokens."""
+    card_path = Path(folder) / "testbed.json"
+    if not card_path.is_file():
+        raise UserError(f"--vqvae-from {folder}: no testbed.json there (a shipped testbed folder has one: "
+                        f"{SHIPPED_DIR})")
+    card = json.loads(card_path.read_text())
+    source = (Path(folder) / card.get("vqvae_file", "vqvae.safetensors")).resolve()
+    if not source.is_file():
+        raise UserError(f"--vqvae-from {folder}: the VQVAE file {source} named by its card is missing")
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "vqvae.safetensors").is_file() or (out / "vqvae.safetensors").read_bytes() != source.read_bytes():
+        shutil.copyfile(source, out / "vqvae.safetensors")
+    _write_json(out / "vqvae.json", {"vqvae_config": card["vqvae_config"],
+                                     "training": (card.get("training") or {}).get("vqvae", {})})
 
 
 def export_to(out: Path, dest: Path = SHIPPED_DIR, metrics: Path | None = None,
@@ -608,6 +675,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics", type=Path, default=None, help="export: evaluate JSON to merge into the card")
     p.add_argument("--sampling", type=str, default=None, help='export: default sampling JSON, e.g. \'{"cfg": 3}\'')
     p.add_argument("--then-export", action="store_true", help="after training, copy the result to --dest")
+    p.add_argument("--vqvae-from", type=Path, default=None, metavar="FOLDER",
+                   help="var: start from this folder's VQVAE (a shipped testbed folder, e.g. var_core/testbed/weights)"
+                        " instead of a 'vqvae' stage in --out")
     args = p.parse_args(argv)
 
     if args.threads:
@@ -624,6 +694,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage in ("vqvae", "all"):
         minutes = args.vqvae_minutes if args.stage == "all" and args.vqvae_minutes is not None else args.max_minutes
         train_vqvae(out, vq_cfg, max_minutes=minutes, **common)
+    if args.vqvae_from is not None:
+        if args.stage != "var":
+            raise UserError("--vqvae-from goes with the 'var' stage (the 'vqvae' stage trains its own VQVAE)")
+        use_shipped_vqvae(args.vqvae_from, out)
     if args.stage in ("var", "all"):
         minutes = args.var_minutes if args.stage == "all" and args.var_minutes is not None else args.max_minutes
         train_var(out, var_cfg, max_minutes=minutes, **common)
