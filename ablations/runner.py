@@ -109,6 +109,7 @@ class StudyOptions:
     top_k: int | None = None
     top_p: float | None = None
     temperature: float | None = None
+    draw: str | None = None
     prompts: str | None = None  # a prompt file (var_core.eval.prompts): text-to-image models only
     save_images: bool | str | None = None  # True: <out>/images/<arm>/...; a folder: <folder>/images/<arm>/...
 
@@ -151,8 +152,9 @@ def resolve_model(name: str | None, weights: str | None) -> tuple[str, str | Non
 
 
 def sampling_overrides(options) -> dict:
-    """The sampling knobs ``options`` sets (``cfg``, ``top_k``, ``top_p``, ``temperature``; None = not set)."""
-    return {k: getattr(options, k) for k in ("cfg", "top_k", "top_p", "temperature")
+    """The sampling knobs ``options`` sets (``cfg``, ``top_k``, ``top_p``, ``temperature``, ``draw``; None = not
+    set)."""
+    return {k: getattr(options, k) for k in ("cfg", "top_k", "top_p", "temperature", "draw")
             if getattr(options, k, None) is not None}
 
 

@@ -79,6 +79,7 @@ class LatencySettings:
     top_k: int | None = None
     top_p: float | None = None
     temperature: float | None = None
+    draw: str | None = None
     prompts: str | None = None  # Infinity: a prompt file (sample i: prompt i mod P) instead of PROMPTS
     save_images: bool | str | None = None  # the untimed reference generation's images, images/<method>_b<B>/
 

@@ -6,7 +6,7 @@
                           folder (models--org--name), or the file itself (var_core.zoo.resolve_weight_files)
     --vae-weights PATH    the VAE file (or a folder holding it), when it is not beside the transformer
     --text-encoder DIR    Infinity: a flan-t5-xl folder or its Hugging Face cache folder models--google--flan-t5-xl
-    --cfg --top-k --top-p --temperature
+    --cfg --top-k --top-p --temperature --draw
                           sampling knobs over the model's default (recorded with every other setting)
     --prompts FILE        text-to-image prompts: plain text, GenEval evaluation_metadata.jsonl, DPG-Bench /
                           DrawBench CSV, COCO captions JSON, MJHQ-30K meta_data.json (var_core.eval.prompts), or a
@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 
 from studies._args import existing_path, non_negative_int, positive_float
+from var_core.engine.sampling import DRAWS
 
-MODEL_SETTINGS = ("vae_weights", "text_encoder", "cfg", "top_k", "top_p", "temperature", "prompts", "save_images")
+MODEL_SETTINGS = ("vae_weights", "text_encoder", "cfg", "top_k", "top_p", "temperature", "draw", "prompts",
+                  "save_images")
 
 
 def non_negative_float(text) -> float:
@@ -88,6 +90,10 @@ def add_model_arguments(p: argparse.ArgumentParser, *, weights: bool = True, pro
                                                                       "model's)")
     p.add_argument("--temperature", type=positive_float, default=None,
                    help="sampling temperature (default: the model's; Infinity's tau)")
+    p.add_argument("--draw", choices=DRAWS, default=None,
+                   help="how each sample's generator draws a token: inverse_cdf (default: one uniform per token over "
+                        "the top-k survivors) or multinomial (torch.multinomial over the vocabulary: the random "
+                        "stream of records made before the inverse-CDF draw); same distribution either way")
     if prompts:
         p.add_argument("--prompts", default=None, type=prompt_file, metavar="FILE",
                        help="prompt file for text-to-image models: plain text (one per line), GenEval "

@@ -105,6 +105,7 @@ class EvalSettings:
     top_k: int | None = None
     top_p: float | None = None
     temperature: float | None = None
+    draw: str | None = None
     prompts: str | None = None  # a prompt file (var_core.eval.prompts): text-to-image models only
     save_images: bool | str | None = None  # True: <out>/images/<arm>/...; a folder: <folder>/images/<arm>/...
 
@@ -204,7 +205,7 @@ class SweepEvaluator:
         return {"model": self.model, "weights": self.weights, "notes": self.notes,
                 "image_size": getattr(a, "image_size", None), "num_scales": getattr(a, "num_scales", None),
                 "sampling": {"cfg": self.sampling.cfg, "top_k": self.sampling.top_k, "top_p": self.sampling.top_p,
-                             "temperature": self.sampling.temperature},
+                             "temperature": self.sampling.temperature, "draw": self.sampling.draw},
                 "samples": {"n": len(self.conditions), "base_seed": self.conditions.base_seed,
                             "hash": self.conditions.content_hash()},
                 "settings": self.settings.to_dict(), "metric_context": self.signature,

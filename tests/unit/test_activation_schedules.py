@@ -352,7 +352,8 @@ def test_energy_fraction_component_keeps_inactive_rows_dense():
 
 
 # ------------------------------------------------------------------------------------------------------ generations
-SAMPLING = SamplingConfig(cfg=1.5, top_k=20, top_p=0.9)
+# the hand-worked values below were derived from generations with the multinomial random stream
+SAMPLING = SamplingConfig(cfg=1.5, top_k=20, top_p=0.9, draw="multinomial")
 LABELS = torch.tensor([3, 7])
 SEEDS = [1, 2]
 

@@ -354,7 +354,8 @@ def test_depth_exit_never_crossing_generates_everything_and_skip_mode():
     assert [skip.decide(fake.ctx(si), fake.signals).skip for si in range(6)] == [False] * 3 + [True] * 3
 
 
-SAMPLING = SamplingConfig(cfg=1.5, top_k=20, top_p=0.9)
+# the hand-worked values below were derived from generations with the multinomial random stream
+SAMPLING = SamplingConfig(cfg=1.5, top_k=20, top_p=0.9, draw="multinomial")
 
 
 @pytest.fixture(scope="module")
