@@ -42,7 +42,8 @@ def test_bench_engine_ratios(capsys):
     assert "# model=random:official-tiny batch=1" in printed
     assert _row(printed, "reference")[-1] == "1.000"  # the reference is its own unit
     last = dict(kv.split("=") for kv in printed.strip().splitlines()[-1].split())
-    assert set(last) == {"engine_vs_reference", "half_prune_time_ratio", "half_prune_flops_ratio"}
+    assert set(last) == {"engine_vs_reference", "half_prune_time_ratio", "half_prune_flops_ratio",
+                         "loop_vs_reference_same_draw"}
     assert 0.4 < float(last["half_prune_flops_ratio"]) < 0.6  # every other token of the last scale: about half
     assert float(last["engine_vs_reference"]) > 0
 

@@ -138,3 +138,15 @@ def test_varlen_equals_padded_outputs_cache_and_counted_flops(tiny_adapter, monk
 def test_bad_ragged_attention_option():
     with pytest.raises(ValueError, match="ragged_attention"):
         GenerationOptions(ragged_attention="nested")
+
+
+def test_padding_sources_point_each_padding_slot_at_the_slot_of_its_token():
+    from var_core.engine.packing import copy_padding_outputs, padding_sources
+
+    # row 0: kept tokens 1, 4, 7 (no padding); row 1: kept 0, 5, padding repeats 5; row 2: kept 2, padding x2
+    keep = torch.tensor([[1, 4, 7], [0, 5, 5], [2, 2, 2]])
+    valid = torch.tensor([[True, True, True], [True, True, False], [True, False, False]])
+    assert padding_sources(keep, valid).tolist() == [[0, 1, 2], [0, 1, 1], [0, 0, 0]]
+    out = torch.arange(9.0).view(3, 3, 1)
+    assert copy_padding_outputs(out, padding_sources(keep, valid)).view(3, 3).tolist() == [
+        [0.0, 1.0, 2.0], [3.0, 4.0, 4.0], [6.0, 6.0, 6.0]]

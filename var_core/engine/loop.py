@@ -16,6 +16,7 @@ import torch
 from .adapters.base import ModelAdapter, row_slice_after_drop
 from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
 from .lens_probe import LensProbe
+from .packing import copy_padding_outputs, padding_sources
 from .policy import Policy, TokenSelection, gather_tokens
 from .sampling import SamplingConfig
 from .tracing import NULL_TRACER, Tracer
@@ -155,7 +156,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     packed_counts: list[tuple[int | None, ...]] = []
     pairs: list[int | None] = []
     stats_flops = [0] * ctx.num_blocks
-    packing, last_keep = None, None
+    packing, last_keep, sources = None, None, None
     for block in range(ctx.num_blocks):
         x_in_RNC = x_RNC
         want_probs = block in plan.attention_blocks
@@ -175,9 +176,12 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
                 packing, last_keep = None, None
             elif keep_Rn is not last_keep:  # a block-level selection serves both branches: pack it once
                 packing, last_keep = adapter.row_packing(keep_Rn, valid_Rn), keep_Rn
+                sources = padding_sources(keep_Rn, valid_Rn) if packing is None else None
             with tracer.span(branch, si, block):
                 out, probs = adapter.run_branch(state, si, block, branch, tokens_in, keep_Rn, valid_Rn, cache,
                                                 want_probs and branch == "attn", packing=packing)
+                if valid_Rn is not None and packing is None:  # padded rectangle: padding slots copy exactly
+                    out = copy_padding_outputs(out, sources)
             if branch == "attn":
                 block_pairs = cache.take_attention_pairs(block)
             if probs is not None:  # an AttentionProbe (engine.attention): statistics computed on demand

@@ -58,3 +58,21 @@ class RowPacking:
     def apply(self, fn: Callable[..., torch.Tensor], *per_token: torch.Tensor) -> torch.Tensor:
         """``fn`` on the packed tokens of each ``[R, n|1, C]`` argument, spread back to ``[R, n, C']``."""
         return self.unpack(fn(*(self.pack(t) for t in per_token)))
+
+
+def padding_sources(keep_Rn: torch.Tensor, valid_Rn: torch.Tensor) -> torch.Tensor:
+    """int64 ``[R, n]``: for every slot of a padded selection, the slot that holds its token — itself for a valid
+    slot, the valid slot of the kept index it repeats for a padding slot. Valid slots are sorted and distinct per
+    row, so a search over them (padding masked to the end) finds the source."""
+    sentinel = torch.iinfo(keep_Rn.dtype).max
+    sorted_valid = torch.where(valid_Rn, keep_Rn, torch.full_like(keep_Rn, sentinel))
+    return torch.searchsorted(sorted_valid.contiguous(), keep_Rn.contiguous())
+
+
+def copy_padding_outputs(out_RnC: torch.Tensor, sources_Rn: torch.Tensor) -> torch.Tensor:
+    """``out`` with every padding slot replaced by the output of the slot it copies (:func:`padding_sources`).
+
+    On the padded (not packed) path a padding query is computed in its own position of the rectangle, and the
+    attention kernel may round it differently from the real query; restorers scatter every slot, so without this
+    the last write could put that differently rounded copy in the kept position."""
+    return out_RnC.gather(1, sources_Rn.unsqueeze(-1).expand(-1, -1, out_RnC.shape[-1]))
