@@ -168,3 +168,21 @@ def test_var_stage_can_start_from_a_shipped_vqvae(tmp_path):
     assert json.loads((tmp_path / "run" / "vqvae.json").read_text())["vqvae_config"] == card["vqvae_config"]
     with pytest.raises(UserError, match="no testbed.json"):
         T.use_shipped_vqvae(tmp_path / "nowhere", tmp_path / "run2")
+
+
+@pytest.mark.parametrize("argv, expected", [([], "inverse_cdf"), (["--draw", "multinomial"], "multinomial")])
+def test_evaluate_cli_passes_the_draw(monkeypatch, tmp_path, argv, expected):
+    """``--draw`` reaches the evaluation's SamplingConfig (the card's two streams are both reproducible)."""
+    import var_core.testbed.evaluate as E
+
+    seen = {}
+
+    def fake_evaluate(samples, batch_size, out, weights, sampling, *rest, **kwargs):
+        seen["sampling"] = sampling
+        raise SystemExit(0)
+
+    monkeypatch.setattr(E, "evaluate", fake_evaluate)
+    with pytest.raises(SystemExit):
+        E.main(["--samples", "2", "--out", str(tmp_path), *argv])
+    assert seen["sampling"].draw == expected
+    assert (seen["sampling"].cfg, seen["sampling"].top_k, seen["sampling"].top_p) == (1.5, 100, 0.95)

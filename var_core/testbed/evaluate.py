@@ -3,7 +3,7 @@
 Usage::
 
     python -m var_core.testbed.evaluate --samples 256 [--batch-size 32] [--out DIR] [--weights DIR]
-                                        [--cfg X --top-k K --top-p P] [--seed S] [--ref-samples N]
+                                        [--cfg X --top-k K --top-p P --draw D] [--seed S] [--ref-samples N]
 
 Generates ``--samples`` images (classes round-robin, one seed per sample) with the plain engine loop and the
 testbed's ``default_sampling`` (from ``testbed.json``, overridable), then reports
@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ..engine import GenerationOptions, SamplingConfig, generate
+from ..engine.sampling import DRAWS
 from ..zoo import TESTBED_FOLDERS, load_model, testbed_folder
 from .classifier import ClassifierFeatureExtractor, load_classifier
 from .data import CLASS_NAMES, NUM_CLASSES, make_tensor_dataset
@@ -218,7 +219,8 @@ def evaluate(samples: int = 256, batch_size: int = 32, out: Path | None = None, 
     gen16 = time_generation(adapter, sampling) if timing else None
     metrics = {
         "model": model, "samples": samples, "batch_size": batch_size, "seed": seed, "ref_samples": n_ref,
-        "sampling": {"cfg": sampling.cfg, "top_k": sampling.top_k, "top_p": sampling.top_p},
+        "sampling": {"cfg": sampling.cfg, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                     "draw": sampling.draw},
         "class_accuracy": acc,
         "class_accuracy_per_class": dict(zip(CLASS_NAMES, per_class)),
         "fid_proxy": fid_proxy, "fid_floor": fid_floor,
@@ -253,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cfg", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--draw", choices=DRAWS, default=None,
+                   help="per-sample token draw (default: inverse_cdf; multinomial = the stream before git addb1b5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ref-samples", type=int, default=None, help="held-out reference images (default max(1000, N))")
     p.add_argument("--no-plots", action="store_true")
@@ -266,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg=base.cfg if args.cfg is None else args.cfg,
         top_k=base.top_k if args.top_k is None else args.top_k,
         top_p=base.top_p if args.top_p is None else args.top_p,
+        draw=base.draw if args.draw is None else args.draw,
     )
     m = evaluate(args.samples, args.batch_size, args.out, args.weights, sampling, args.seed, args.ref_samples,
                  plots=not args.no_plots, timing=not args.no_timing, model=args.model)
