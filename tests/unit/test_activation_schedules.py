@@ -277,6 +277,16 @@ def test_layer_score_svd_ratio():
     assert layer_score(maps[:1], beta=0.5)[1].item() == pytest.approx(math.exp(-1.0))  # 0.368 → Global
 
 
+def test_layer_score_rank_one_verdict_does_not_depend_on_lapack(monkeypatch):
+    """[[1, 1], [1, 1]] has σ = (2, 0); one LAPACK build returns σ2 = 0, another 3.4e-17 (seen on an Intel CI
+    machine: ϱ = 6e16). Both are rank one (σ2 ≤ σ1·2·ε = 8.9e-16): ϱ = inf. σ2 = 1e-10 is rank two: ϱ = 1e10."""
+    maps = torch.ones(1, 2, 2)
+    monkeypatch.setattr(torch.linalg, "svdvals", lambda a: torch.tensor([[2.0, 3.35e-17]], dtype=torch.float64))
+    assert math.isinf(layer_score(maps, beta=0.1)[0].item())
+    monkeypatch.setattr(torch.linalg, "svdvals", lambda a: torch.tensor([[2.0, 2e-10]], dtype=torch.float64))
+    assert layer_score(maps, beta=0.1)[0].item() == pytest.approx(1e10)
+
+
 def test_gate_normalizations_and_counts():
     H = torch.tensor([[4.0, 1.0, 1.0, 0.0]])
     R = torch.tensor([math.exp(-0.2)])

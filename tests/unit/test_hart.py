@@ -71,9 +71,12 @@ def test_verify_cli_recognises_a_hart_fixture():
 
 
 @needs_fixture
-def test_greedy_run_through_the_loop_matches_the_golden_bitwise():
-    """The KV-cached loop in the official RNG order: tokens exact, latent (with the diffusion residual) and image
-    within 1e-6 of the official run (the README's fp32 1-thread build was bit-identical)."""
+def test_greedy_run_through_the_loop_matches_the_golden():
+    """The KV-cached loop in the official RNG order: tokens exact; latent (with the diffusion residual) and image
+    close to the official run. On the fixture's own machine with 1 thread this is bit-identical; the diffusion
+    head's sampling loop amplifies fp32 GEMM rounding, so on a CPU whose MKL takes another kernel path (AVX-512
+    vs AVX2) the residual and the latent deviate by up to 7.9e-5 (measured on an Intel Xeon VM against goldens
+    made on AMD EPYC): 2e-4 for what lies downstream of the diffusion head, 1e-4 for images (the README's)."""
     adapter = load_model("official-hart-tiny")
     golden = torch.load(FIXTURE_DIR / "golden_ar_greedy_cfg4.5.pt", weights_only=True)
     with torch.random.fork_rng(devices=[]):
@@ -81,15 +84,16 @@ def test_greedy_run_through_the_loop_matches_the_golden_bitwise():
         result = generate(adapter, _fixture_inputs(), sampling=GREEDY,
                           shared_generator=torch.Generator().manual_seed(0))
     assert all(torch.equal(a, b) for a, b in zip(result.tokens, golden["idx_Bl"]))
-    assert float((result.latent - golden["final_f_hat"]).abs().max()) <= 1e-6
-    assert float((result.images - golden["image"]).abs().max()) <= 1e-5
+    assert float((result.latent - golden["final_f_hat"]).abs().max()) <= 2e-4
+    assert float((result.images - golden["image"]).abs().max()) <= 1e-4
     # the discrete-only image (official final_stage=1) differs by exactly the diffusion residual
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1234)
         plain = generate(adapter, _fixture_inputs(), sampling=dataclasses.replace(GREEDY, diffusion=False),
                          shared_generator=torch.Generator().manual_seed(0))
     residual = golden["residual_tokens"].transpose(1, 2).reshape(2, -1, 12, 12)
-    assert torch.allclose(result.latent - plain.latent, residual, atol=1e-6)
+    assert torch.allclose(result.latent - plain.latent, residual, atol=2e-4)
+    assert float(residual.abs().max()) > 1e-2  # the residual is not negligible next to that tolerance
 
 
 @needs_fixture

@@ -26,13 +26,16 @@ AMBIGUITY_SCOPES = ("layer", "sample")
 def layer_score(entropy_map_Bhw: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """ToProVAR Eq. 4: ``ϱ = σ1/σ2`` of the (h × w) entropy map and ``R = exp(−β(ϱ − 1))``, per sample ``[B]``.
 
-    A map with ``σ2 = 0`` (rank one, or a single row/column) has ``ϱ = inf`` and ``R = 0`` (Global)."""
+    A map of numerical rank one (``σ2 ≤ σ1·max(h, w)·ε``, the usual matrix-rank tolerance, ε of float64), or a single
+    row/column, has ``ϱ = inf`` and ``R = 0`` (Global). The tolerance makes that verdict independent of the LAPACK
+    build: an exactly rank-one map's σ2 comes out as 0 on one CPU and as ~1e-17 on another."""
     sigma = torch.linalg.svdvals(entropy_map_Bhw.double())
     if sigma.shape[-1] < 2:
         ratio = torch.full(sigma.shape[:-1], float("inf"), dtype=torch.float64, device=sigma.device)
     else:
         s1, s2 = sigma[..., 0], sigma[..., 1]
-        ratio = torch.where(s2 > 0, s1 / s2.clamp(min=torch.finfo(torch.float64).tiny),
+        rank_tol = s1 * max(entropy_map_Bhw.shape[-2:]) * torch.finfo(torch.float64).eps
+        ratio = torch.where(s2 > rank_tol, s1 / s2.clamp(min=torch.finfo(torch.float64).tiny),
                             torch.full_like(s1, float("inf")))
     return ratio, torch.exp(-beta * (ratio - 1.0))
 
