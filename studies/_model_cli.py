@@ -91,9 +91,10 @@ def add_model_arguments(p: argparse.ArgumentParser, *, weights: bool = True, pro
     p.add_argument("--temperature", type=positive_float, default=None,
                    help="sampling temperature (default: the model's; Infinity's tau)")
     p.add_argument("--draw", choices=DRAWS, default=None,
-                   help="how each sample's generator draws a token: inverse_cdf (default: one uniform per token over "
-                        "the top-k survivors) or multinomial (torch.multinomial over the vocabulary: the random "
-                        "stream of records made before the inverse-CDF draw); same distribution either way")
+                   help="how each sample's generator draws a token: multinomial (default: torch.multinomial over "
+                        "the filtered vocabulary, as the official samplers) or inverse_cdf (one uniform per token "
+                        "over the top-k survivors: cheaper, but a pruned run's tokens stay less coupled to the "
+                        "baseline's, which lowers PSNR / SSIM / token agreement); same distribution either way")
     if prompts:
         p.add_argument("--prompts", default=None, type=prompt_file, metavar="FILE",
                        help="prompt file for text-to-image models: plain text (one per line), GenEval "

@@ -74,7 +74,7 @@ def test_records_carry_prompts_tags_and_sampling(study):
         record = json.loads((out / "arms" / f"{arm}.json").read_text())
         assert record["samples"]["prompts"] == prompts and record["samples"]["tags"] == tags
         assert record["samples"]["prompt_ids"] == [0, 1, 2, 0]
-        assert record["sampling"] == {"cfg": 2.5, "top_k": 900, "top_p": 0.9, "temperature": 0.7, "draw": "inverse_cdf"}
+        assert record["sampling"] == {"cfg": 2.5, "top_k": 900, "top_p": 0.9, "temperature": 0.7, "draw": "multinomial"}
     manifest = json.loads((out / "study.json").read_text())
     assert manifest["samples"]["prompts"] == prompts and manifest["options"]["cfg"] == 2.5
     lines = [json.loads(x) for x in (out / "images" / "nova" / "samples.jsonl").read_text().splitlines()]

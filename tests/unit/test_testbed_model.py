@@ -170,7 +170,7 @@ def test_var_stage_can_start_from_a_shipped_vqvae(tmp_path):
         T.use_shipped_vqvae(tmp_path / "nowhere", tmp_path / "run2")
 
 
-@pytest.mark.parametrize("argv, expected", [([], "inverse_cdf"), (["--draw", "multinomial"], "multinomial")])
+@pytest.mark.parametrize("argv, expected", [([], "multinomial"), (["--draw", "inverse_cdf"], "inverse_cdf")])
 def test_evaluate_cli_passes_the_draw(monkeypatch, tmp_path, argv, expected):
     """``--draw`` reaches the evaluation's SamplingConfig (the card's two streams are both reproducible)."""
     import var_core.testbed.evaluate as E

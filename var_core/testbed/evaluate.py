@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--draw", choices=DRAWS, default=None,
-                   help="per-sample token draw (default: inverse_cdf; multinomial = the stream before git addb1b5)")
+                   help="per-sample token draw (default: multinomial, the official sampler's; inverse_cdf: one uniform per "
+                        "token over the top-k survivors, cheaper, less tightly coupled)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ref-samples", type=int, default=None, help="held-out reference images (default max(1000, N))")
     p.add_argument("--no-plots", action="store_true")
