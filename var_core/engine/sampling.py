@@ -83,10 +83,10 @@ def _draw_top_k_inverse_cdf(logits_BNV: torch.Tensor, top_k: int, top_p: float,
     """Per-sample draws from the top-k/top-p distribution by inverse CDF over the ``top_k`` survivors only.
 
     The distribution is the official one (same survivors as :func:`filter_top_k_top_p`, same renormalised
-    probabilities), and so is the coupling: one float64 uniform per token from the sample's generator located on
-    the survivors' cumulative distribution in vocabulary order, which is what ``torch.multinomial(replacement=True)``
-    does over the whole vocabulary (the tokens then agree with it except where rounding of the two CDFs differs). On VAR-d16 (V = 4096, k = 900) that removes
-    the full-vocabulary sort and 4096 random draws per token, the largest fixed cost outside the transformer.
+    probabilities); the random stream is another one: one float64 uniform per token from the sample's generator,
+    located on the survivors' cumulative distribution in vocabulary order (its tokens are not those of
+    ``torch.multinomial`` with the same generator). On VAR-d16 (V = 4096, k = 900) that removes the
+    full-vocabulary sort and the per-vocabulary-entry work, the largest fixed cost outside the transformer.
     Returns None (the caller takes the official path) when a row has ties at the k-th logit.
     """
     B, N, _ = logits_BNV.shape
