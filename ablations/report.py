@@ -360,7 +360,8 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
         doc.append(f"{base['samples']['n']} samples per arm (labels i mod classes, per-sample seeds from base seed "
                    f"{base['samples']['base_seed']}; sample set {base['samples']['hash']}), sampling cfg={s['cfg']} "
                    f"top_k={s['top_k']} top_p={s['top_p']}; batch {base['timing']['batch_size']}, "
-                   f"{base['timing']['warmup_generations']} warm-up generation(s) per process discarded; "
+                   f"{base['timing']['warmup_generations']} warm-up generation(s) per process and arm discarded"
+                   f"{_warmup_size_note(base['timing'])}; "
                    f"{env.get('device_name')} ({env.get('device')}), {threads} threads per process, dtype "
                    f"{env.get('dtype')}, git {(env.get('git') or {}).get('sha', '?')}"
                    + (" (dirty)" if (env.get('git') or {}).get('dirty') else "") + ".\n")
@@ -430,6 +431,15 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
     tmp.write_text("\n".join(doc) + "\n")
     os.replace(tmp, md_path)
     return {"csv": csv_path, "markdown": md_path}
+
+
+def _warmup_size_note(timing: dict) -> str:
+    """How big the warm-up generations were (records before the field existed say nothing)."""
+    size = timing.get("warmup_batch_size")
+    if not size or not timing.get("warmup_generations"):
+        return ""
+    return (f" (the first arm a process generates warms with {size} sample(s), i.e. its timed batch; later arms "
+            f"with one sample, the process being warm at the timed shapes)")
 
 
 def _headline_note(headline: dict, interleaved: dict | None) -> str:

@@ -266,3 +266,15 @@ def test_method_family_on_infinity_tiny_end_to_end(tmp_path):
     fixed = run_study(StudyOptions(out=str(tmp_path / "b"), arms=("toprovar",), overrides=("schedule.s_rep=3",),
                                    **options), log=logs.append)
     assert not fixed.unavailable and {r["arm"] for r in fixed.records} == {"baseline", "toprovar"}
+
+
+def test_only_the_first_generation_of_a_process_warms_with_a_full_batch(tmp_path):
+    """A full-batch warm-up per arm was a third of the default study; the process is warm at the timed shapes
+    after the first arm, so later arms warm with one sample (and their records say so)."""
+    out = tmp_path / "warm"
+    options = dict(SMALL, warmup=1, batch_size=2)
+    run_study(StudyOptions(family="cache", out=str(out), arms=("identity@t_est=5",), wandb="disabled",
+                           overrides=PRUNING, **options), log=lambda s: None)
+    records = {r["arm"]: r for r in (rec.read_record(p) for p in sorted((out / "arms").glob("*.json")))}
+    assert records["baseline"]["timing"]["warmup_batch_size"] == 2
+    assert records["identity@t_est=5"]["timing"]["warmup_batch_size"] == 1

@@ -262,7 +262,8 @@ class GenerationModule(pl.LightningModule):
         policy_config: a ``var_core.accel.PolicyConfig`` built into a fresh policy in every process; ``None``
             with no ``policy_factory`` runs the plain loop.
         policy_factory: instead, a picklable callable returning a ``var_core.engine.Policy``.
-        warmup: discarded generations (of a full batch) each process runs before the first timed batch.
+        warmup: discarded generations each process runs before the first timed batch.
+        warmup_batch_size: samples per warm-up generation.
         probes: see the module docstring.
     """
 
@@ -571,6 +572,7 @@ class GenerationRun:
     batches: list[dict]  # per batch: rank, indices, size, seconds, kept tokens, history, probe data
     processes: list[dict]  # per process: rank, device, threads
     wall_seconds: float = 0.0  # the whole Trainer.predict call (incl. start-up and warm-up)
+    warmup_batch_size: int = 0  # samples per discarded warm-up generation in each process
 
     @property
     def images(self) -> torch.Tensor | None:
@@ -745,7 +747,8 @@ def _merge(shards: list[dict]) -> GenerationRun:
 
 def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, policy_factory=None,
                    sampling: SamplingConfig = SamplingConfig(), batch_size: int = 16, warmup: int = 1,
-                   accelerator: str = "cpu", devices: int | str | list[int] = 1, strategy: str = "auto",
+                   warmup_batch_size: int | None = None, accelerator: str = "cpu",
+                   devices: int | str | list[int] = 1, strategy: str = "auto",
                    num_nodes: int = 1, probes: Sequence[Any] = (), callbacks: Sequence[Callback] = (),
                    progress: bool | str = True, options: GenerationOptions | None = None, keep_tokens: bool = True,
                    threads: int | None = None, tracer_factory: Callable[[], Tracer] | None = None,
@@ -759,6 +762,9 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
     ``progress``: ``False`` for no progress, ``True`` or a string (the label): Lightning's bar on a terminal, plain
     lines when the output goes to a file or a pipe (:func:`progress_callback`).
     ``tracer_factory``: shorthand for a probe that only supplies a fresh tracer per batch.
+    ``warmup_batch_size``: samples per discarded warm-up generation (``None``: a full batch, which also warms the
+    allocator at the timed shapes; a process that already generated at this batch size only needs the policy's own
+    code paths run once, for which one sample does).
     ``threads``: intra-op threads set in every process (``None``: leave them; Lightning gives each DDP process on
     the CPU ``cores / processes``). CPU kernels round differently with different thread counts (images differ in
     the 1e-5 range), so records are bit-identical across process counts only at equal thread counts.
@@ -770,7 +776,8 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
         launch = resolve_launch(accelerator, devices, num_nodes, strategy, external=False)
     module = GenerationModule(adapter, policy_config=policy_config, policy_factory=policy_factory,
                               sampling=sampling, options=options, warmup=warmup,
-                              warmup_batch_size=min(batch_size, len(conditions)), probes=probes,
+                              warmup_batch_size=min(warmup_batch_size or batch_size, batch_size, len(conditions)),
+                              probes=probes,
                               keep_tokens=keep_tokens, threads=threads, stay_on_device=launch.mode != "spawn")
     previous_threads = torch.get_num_threads()
     if tracer_factory is not None:
@@ -807,4 +814,5 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
     if missing:
         raise RuntimeError(f"{len(missing)} samples were not generated (e.g. {sorted(missing)[:5]})")
     run.wall_seconds = wall
+    run.warmup_batch_size = module.warmup_batch_size if module.warmup else 0
     return run
