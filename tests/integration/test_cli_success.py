@@ -46,6 +46,18 @@ def test_bench_engine_ratios(capsys):
                          "loop_vs_reference_same_draw"}
     assert 0.4 < float(last["half_prune_flops_ratio"]) < 0.6  # every other token of the last scale: about half
     assert float(last["engine_vs_reference"]) > 0
+    # the default draw is the official one: no duplicate "official draw" row, and the loop ratio is the engine's
+    assert "official draw" not in printed
+    assert last["loop_vs_reference_same_draw"] == last["engine_vs_reference"]
+
+
+def test_bench_engine_adds_the_official_draw_row_for_another_draw(capsys):
+    rc = run_cli(bench.main, ["engine", "--model", "random:official-tiny", "--batch-sizes", "1", "--repeats", "1",
+                              "--draw", "inverse_cdf"])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    rows = [line for line in printed.splitlines() if line.startswith("engine, empty slots, official draw ")]
+    assert len(rows) == 1 and float(rows[0].split()[-1]) > 0  # its ratio to the reference
 
 
 def test_bench_presets_flops_ratios(capsys):
