@@ -118,7 +118,6 @@ EXPECTED_SPACES = {
         ("guidance.start_scale", "int", -4, -1, False, None, -3),
     ],
     "stagevar": [
-        ("restorer.cache_scale", "int", -5, -2, False, None, -4),
         ("restorer.interpolation", "categorical", None, None, False, ("area", "bilinear", "nearest"), "area"),
         ("guidance.count", "int", 1, 4, False, None, 3),
     ],

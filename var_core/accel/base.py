@@ -46,6 +46,9 @@ class Signals:
     pruning_now: bool = False
     # free-form per-component scratch (namespaced by component name) for diagnostics the studies report
     extras: dict[str, object] = field(default_factory=dict)
+    # the policy's granularity is 'chunk': one token selection per block chunk (:func:`block_chunk`), so a restorer
+    # that restores a chunk's output acts at the chunk's last block (:func:`ends_block_chunk`)
+    chunked_selection: bool = False
 
     def token_entropy(self, si: int) -> torch.Tensor | None:
         """``[B, N]`` predictive entropy of scale ``si``'s guided logits (None if skipped / not yet run)."""
@@ -64,6 +67,21 @@ class Signals:
             return None
         h, w = self.info.scale_hw[si]
         return ent.view(ent.shape[0], h, w)
+
+
+BLOCK_CHUNKS = 8  # Infinity's block_chunks: the model's blocks in 8 groups of consecutive blocks (StageVAR's unit)
+
+
+def block_chunk(block: int, num_blocks: int) -> int:
+    """Index of the chunk holding ``block`` when the ``num_blocks`` blocks are split into :data:`BLOCK_CHUNKS`
+    groups of consecutive blocks (``L/8`` each when 8 divides ``L``, as in Infinity; otherwise sizes differ by at
+    most one; with fewer than 8 blocks every block is its own chunk)."""
+    return block * BLOCK_CHUNKS // max(num_blocks, 1)
+
+
+def ends_block_chunk(block: int, num_blocks: int) -> bool:
+    """Whether ``block`` is the last block of its chunk (:func:`block_chunk`)."""
+    return block == num_blocks - 1 or block_chunk(block + 1, num_blocks) != block_chunk(block, num_blocks)
 
 
 @dataclass(frozen=True)

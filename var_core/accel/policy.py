@@ -18,7 +18,7 @@ import torch
 
 from ..engine.context import GenerationInfo, ScaleContext, ScalePlan, ScaleRecord
 from ..engine.policy import Policy, TokenSelection
-from .base import Component, Needs, Signals
+from .base import Component, Needs, Signals, block_chunk, ends_block_chunk
 from .knobs import knob
 from .registry import REGISTRIES
 
@@ -53,9 +53,11 @@ class PolicyConfig:
     cfg_rows: str = knob("shared", "how CFG rows choose tokens: 'shared' = the conditional row's choice is used "
                          "by both halves (keeps CFG rows aligned; NOVA, LD-Pruning), 'per_row' = each row selects "
                          "on its own scores (FastVAR's code)", choices=("shared", "per_row"))
-    granularity: str = knob("block", "select tokens once per block ('block', reused by every branch) or before "
-                            "every sub-layer ('branch', as FastVAR re-selects before SA, CA and FFN)",
-                            choices=("block", "branch"))
+    granularity: str = knob("block", "select tokens once per block ('block', reused by every branch), before "
+                            "every sub-layer ('branch', as FastVAR re-selects before SA, CA and FFN) or once per "
+                            "chunk of L/8 consecutive blocks ('chunk', Infinity's block chunks, StageVAR's unit: "
+                            "the chunk runs on the kept tokens and a chunk-aware restorer acts at its last block)",
+                            choices=("block", "branch", "chunk"))
     exempt_first_blocks: int = knob(0, "blocks at the start that are never pruned (FastVAR's Infinity code: 3)",
                                     low=0)
     exempt_last_blocks: int = knob(0, "blocks at the end that are never pruned (counted from the model's last "
@@ -168,15 +170,35 @@ class AccelPolicy(Policy):
     def check_model(self, info: GenerationInfo) -> None:
         """Raise ``ValueError`` naming the component if any part cannot run on the model ``info`` describes."""
         self.resolve_for(info)
+        self._check_chunk_exemptions(info.num_blocks)
         for kind, part in self.parts.items():
             try:
                 part.check_model(info)
             except ValueError as exc:
                 raise ValueError(f"{kind} {type(part).__name__}: {exc}") from None
 
+    def _check_chunk_exemptions(self, num_blocks: int) -> None:
+        """With ``granularity='chunk'`` a chunk is pruned whole or not at all: an exempt block inside a pruned
+        chunk would read the stale pruned slots its chunk leaves for the restore at the chunk's end."""
+        cfg = self.config
+        if cfg.granularity != "chunk":
+            return
+        end = num_blocks if cfg.pruned_blocks_end is None else min(cfg.pruned_blocks_end, num_blocks)
+        first, last = cfg.exempt_first_blocks, min(end, num_blocks - cfg.exempt_last_blocks)
+        if first >= last:
+            return
+        starts_chunk = first == 0 or block_chunk(first - 1, num_blocks) != block_chunk(first, num_blocks)
+        if not (starts_chunk and ends_block_chunk(last - 1, num_blocks)):
+            raise ValueError(
+                f"granularity='chunk' prunes whole block chunks, but the pruned blocks {first}..{last - 1} of "
+                f"{num_blocks} cut a chunk (chunks: {[block_chunk(b, num_blocks) for b in range(num_blocks)]}); "
+                f"align exempt_first_blocks / exempt_last_blocks / pruned_blocks_end with chunk boundaries or use "
+                f"granularity='block'")
+
     def start(self, info: GenerationInfo) -> None:
         self.resolve_for(info)
-        self.signals = Signals(info)
+        self._check_chunk_exemptions(info.num_blocks)
+        self.signals = Signals(info, chunked_selection=self.config.granularity == "chunk")
         self._tracer = info.tracer
         self.history = []
         for part in self.parts.values():
@@ -224,13 +246,14 @@ class AccelPolicy(Policy):
             return None
         if cfg.pruned_blocks_end is not None and block >= cfg.pruned_blocks_end:
             return None
-        if cfg.granularity == "block" and block in self._block_selection:
-            return self._block_selection[block]
+        key = block_chunk(block, ctx.num_blocks) if cfg.granularity == "chunk" else block
+        if cfg.granularity != "branch" and key in self._block_selection:
+            return self._block_selection[key]
         with self._span("scorer", ctx.scale_index, block):
             scores = self.scorer.score(ctx, block, branch, x_RNC, self.signals)
         selection = self._select(ctx, block, branch, scores, x_RNC.shape[0])
-        if cfg.granularity == "block":
-            self._block_selection[block] = selection
+        if cfg.granularity != "branch":
+            self._block_selection[key] = selection
         return selection
 
     def _select(self, ctx: ScaleContext, block: int, branch: str, scores: torch.Tensor, rows: int):

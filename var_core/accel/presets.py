@@ -419,23 +419,28 @@ def skipvar() -> PolicyConfig:
 
 @preset("stagevar")
 def stagevar() -> PolicyConfig:
-    """StageVAR, the null-condition + token-restoration part: the last 3 scales run on the unconditional rows only,
-    with tokens sampled ∝‖x‖² and the rest restored from the previous scale's outputs.
+    """StageVAR, the null-condition + token-restoration part: the last 3 scales run on the unconditional rows only;
+    in each block chunk (L/8 consecutive blocks, Infinity's 8 chunks) tokens are sampled ∝‖x‖² at the chunk input,
+    the chunk runs on them, and the other tokens take the chunk's output at the previous scale (RTR).
 
-    The refinement stage is the last 3 scales (40, 48, 64 of Infinity-1024; errata 8): both parts act there. Left
-    out: the random-projection low-rank features (offline rank tables per chunk of L/8 blocks; the kept share here
-    is a flat 50 %, ours), the chunk-level (8 chunks) granularity (we select per block), and the released code's
-    extra skip of the last two Infinity scales.
+    As the released code does it (errata 8; sen-mao/FasterVAR): the refinement stage is the last 3 scales (40, 48,
+    64 of Infinity-1024), one selection per chunk (``granularity="chunk"``), the pruned tokens' state REPLACED by
+    the area-interpolated previous-scale chunk output (``previous_output``). Left out: the random-projection
+    low-rank features (offline rank tables per chunk; the kept share here is a flat 50 %, ours) and the released
+    code's extra skip of the last two Infinity scales. Until git ``7f151fe`` this preset selected per block and
+    added FastVAR-style cached branch outputs (``static_cache``); that reading stays available as
+    ``dataclasses.replace(get_preset("stagevar"), granularity="block").replace_component("restorer", "static_cache",
+    cache_scale=-4, refresh="latest")``.
     """
     return PolicyConfig(
         name="stagevar",
         scorer=_c("scorer", "norm"),
         activation=_c("activation", "fixed", start_scale=-3),
         schedule=_c("schedule", "fixed_table", ratios=(0.5, 0.5, 0.5)),
-        restorer=_c("restorer", "static_cache", cache_scale=-4, refresh="latest"),
+        restorer=_c("restorer", "previous_output"),
         guidance=_c("guidance", "null_late", count=3),
         cfg_rows="shared",
-        granularity="block",
+        granularity="chunk",
     )
 
 
