@@ -427,7 +427,7 @@ def stagevar() -> PolicyConfig:
     64 of Infinity-1024), one selection per chunk (``granularity="chunk"``), the pruned tokens' state REPLACED by
     the area-interpolated previous-scale chunk output (``previous_output``). Left out: the random-projection
     low-rank features (offline rank tables per chunk; the kept share here is a flat 50 %, ours) and the released
-    code's extra skip of the last two Infinity scales. Until git ``7f151fe`` this preset selected per block and
+    code's extra skip of the last two Infinity scales. Until git ``2f29048`` this preset selected per block and
     added FastVAR-style cached branch outputs (``static_cache``); that reading stays available as
     ``dataclasses.replace(get_preset("stagevar"), granularity="block").replace_component("restorer", "static_cache",
     cache_scale=-4, refresh="latest")``.
