@@ -36,7 +36,7 @@ def test_hand_worked_cut():
     assert torch.equal(filter_top_k_top_p(logits, 4, 0.9), torch.tensor([[[NEG, 3.0, NEG, 1.0, 2.0]]]))
     weights = [math.exp(v) for v in (3, 2, 1, 0)]
     assert weights[-1] / sum(weights) == pytest.approx(0.032, abs=1e-3)  # the hand numbers above
-    assert _filter_top_k_then_top_p(logits, 4, 0.9) is not None  # no ties: the sort-free path answered
+    assert not _filter_top_k_then_top_p(logits, 4, 0.9)[1].any()  # no ties: the sort-free path answered
 
 
 def test_the_largest_token_always_survives():
@@ -50,25 +50,29 @@ def test_equals_the_official_filter_bit_for_bit(V, k, p):
     for scale in (0.3, 3.0, 20.0):
         logits = torch.randn(3, 17, V, generator=g) * scale
         assert torch.equal(filter_top_k_top_p(logits, k, p), official_filter(logits, k, p))
-        assert _filter_top_k_then_top_p(logits, k, p) is not None  # the sort-free path, not the fallback
+        assert not _filter_top_k_then_top_p(logits, k, p)[1].any()  # the sort-free path, not the fallback
 
 
 def test_ties_take_the_official_path():
     # a tie at the k-th logit: the official mask keeps every tied token, topk only k of them
     at_kth = torch.tensor([[[4.0, 3.0, 1.0, 1.0, 0.0]]])
-    assert _filter_top_k_then_top_p(at_kth, 3, 0.99) is None
+    assert _filter_top_k_then_top_p(at_kth, 3, 0.99)[1].tolist() == [[True]]
     assert torch.equal(filter_top_k_top_p(at_kth, 3, 0.99), official_filter(at_kth, 3, 0.99))
     # equal survivors on both sides of the top-p cut: which one survives is the official sort's tie order
     across_cut = torch.tensor([[[2.0, 0.0, 0.0, -9.0]]])  # ascending cumulative of the 3 survivors: .106, .212, 1
-    assert _filter_top_k_then_top_p(across_cut, 3, 0.85) is None  # cut at 0.15 falls between the two zeros
+    assert _filter_top_k_then_top_p(across_cut, 3, 0.85)[1].tolist() == [[True]]  # cut at 0.15: between the zeros
     assert torch.equal(filter_top_k_top_p(across_cut, 3, 0.85), official_filter(across_cut, 3, 0.85))
     # equal survivors on the same side of the cut are unambiguous: the sort-free path answers
     same_side = torch.tensor([[[2.0, 0.0, 0.0, -9.0]]])
-    assert torch.equal(_filter_top_k_then_top_p(same_side, 3, 0.5), official_filter(same_side, 3, 0.5))
+    fast, tied = _filter_top_k_then_top_p(same_side, 3, 0.5)
+    assert not tied.any() and torch.equal(fast, official_filter(same_side, 3, 0.5))
 
 
 def test_rounded_logits_with_many_ties():
     g = torch.Generator().manual_seed(3)
-    logits = (torch.randn(4, 31, 512, generator=g) * 2).round() / 2
+    logits = torch.randn(4, 31, 512, generator=g) * 2
+    logits[:2] = (logits[:2] * 2).round() / 2  # two samples' rows full of ties, the others with (almost) none
     for k, p in ((50, 0.9), (200, 0.6)):
+        tied = _filter_top_k_then_top_p(logits, k, p)[1]
+        assert tied.any() and not tied.all()  # some rows recomputed the official way, the others not
         assert torch.equal(filter_top_k_top_p(logits, k, p), official_filter(logits, k, p))

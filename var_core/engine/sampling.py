@@ -60,13 +60,22 @@ def filter_top_k_top_p(logits_BNV: torch.Tensor, top_k: int, top_p: float) -> to
     cumulative probability is ≤ ``1 − top_p`` (the largest token always survives).
 
     With both filters active the full-vocabulary sort is not needed (:func:`_filter_top_k_then_top_p`, the same
-    bits); the general path below is the official one, step for step.
+    bits); the rows where a tie makes the result depend on the official sort's order of equal values are
+    recomputed by :func:`_official_filter` (every step works on each row alone, so a row's bits do not depend on
+    which other rows are computed with it).
     """
     V = logits_BNV.shape[-1]
-    if 0 < top_k < V and 0.0 < top_p < 1.0:
-        out = _filter_top_k_then_top_p(logits_BNV, top_k, top_p)
-        if out is not None:
-            return out
+    if not (0 < top_k < V and 0.0 < top_p < 1.0):
+        return _official_filter(logits_BNV, top_k, top_p)
+    out, tied_BN = _filter_top_k_then_top_p(logits_BNV, top_k, top_p)
+    if bool(tied_BN.any()):
+        out[tied_BN] = _official_filter(logits_BNV[tied_BN].unsqueeze(0), top_k, top_p).squeeze(0)
+    return out
+
+
+def _official_filter(logits_BNV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The official samplers' filter, step for step (``sample_with_top_k_top_p_`` without its in-place writes)."""
+    V = logits_BNV.shape[-1]
     out = logits_BNV
     if 0 < top_k < V:
         kth = logits_BNV.topk(top_k, dim=-1, largest=True, sorted=False)[0].amin(dim=-1, keepdim=True)
@@ -80,32 +89,31 @@ def filter_top_k_top_p(logits_BNV: torch.Tensor, top_k: int, top_p: float) -> to
     return out
 
 
-def _filter_top_k_then_top_p(logits_BNV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
-    """The official top-k-then-top-p filter without sorting the whole vocabulary; None when a tie makes the
-    official result depend on its sort's order of equal values (the caller then takes the official path).
+def _filter_top_k_then_top_p(logits_BNV: torch.Tensor, top_k: int, top_p: float
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The official top-k-then-top-p filter without sorting the whole vocabulary: ``(filtered [B, N, V], tied
+    [B, N])``, where ``tied`` marks the rows whose official result depends on the sort's order of equal values
+    (their filtered row is not the official one; the caller recomputes them).
 
     After the top-k mask the official ascending sort is ``[−inf × (V − k), the k survivors ascending]``: exactly
-    the vector built here from ``topk(sorted=True)``, at the same positions, so its softmax and cumulative sum are
-    the official ones bit for bit; only which vocabulary entry sits at each survivor position needs the sort's
-    order, and without ties among the survivors (and at the k-th logit) that order is unique. The sort was the
-    largest cost of a draw on a 4096-way codebook (a third of it).
+    the vector built here from the top-k values sorted among themselves, at the same positions, so its softmax and
+    cumulative sum are the official ones bit for bit; only which vocabulary entry sits at each survivor position
+    needs the sort's order, which is unique unless equal survivors fall on both sides of the top-p cut, or the
+    k-th logit is tied (the official mask then keeps every tied token, ``topk`` only ``k`` of them). The full sort
+    was the largest cost of a draw on a 4096-way codebook.
     """
     V = logits_BNV.shape[-1]
     values, index = logits_BNV.topk(top_k, dim=-1, largest=True, sorted=False)
     values, order = values.sort(dim=-1)  # the k survivors ascending (a sort of k, not of V, values)
-    if _top_k_has_ties(logits_BNV, values[..., :1], top_k):
-        return None
     ascending = values.new_full(logits_BNV.shape, float("-inf"))
     ascending[..., V - top_k:] = values
     drop_survivor = ascending.softmax(dim=-1).cumsum(dim=-1)[..., V - top_k:] <= (1 - top_p)
     drop_survivor[..., -1:] = False  # the largest token always survives
-    # equal survivors on both sides of the cut: which of them the official sort drops is its tie order
-    if bool(((values[..., 1:] == values[..., :-1]) & (drop_survivor[..., 1:] != drop_survivor[..., :-1])).any()):
-        return None
-    drop = torch.zeros(logits_BNV.shape, dtype=torch.bool, device=logits_BNV.device)
-    drop.scatter_(-1, index.gather(-1, order), drop_survivor)
-    kept_by_top_k = torch.zeros_like(drop).scatter_(-1, index, True)
-    return logits_BNV.masked_fill(drop | ~kept_by_top_k, float("-inf"))
+    tied = (logits_BNV >= values[..., :1]).sum(-1) > top_k
+    tied |= ((values[..., 1:] == values[..., :-1]) & (drop_survivor[..., 1:] != drop_survivor[..., :-1])).any(-1)
+    drop = torch.ones(logits_BNV.shape, dtype=torch.bool, device=logits_BNV.device)
+    drop.scatter_(-1, index.gather(-1, order), drop_survivor)  # outside the top k: dropped
+    return logits_BNV.masked_fill(drop, float("-inf")), tied
 
 
 def _top_k_has_ties(logits_BNV: torch.Tensor, kth_BN1: torch.Tensor, top_k: int) -> bool:
