@@ -109,17 +109,22 @@ def _filter_top_k_then_top_p(logits_BNV: torch.Tensor, top_k: int, top_p: float
     ascending[..., V - top_k:] = values
     drop_survivor = ascending.softmax(dim=-1).cumsum(dim=-1)[..., V - top_k:] <= (1 - top_p)
     drop_survivor[..., -1:] = False  # the largest token always survives
-    tied = (logits_BNV >= values[..., :1]).sum(-1) > top_k
+    tied = _rows_tied_at_kth(logits_BNV, values[..., :1], top_k)
     tied |= ((values[..., 1:] == values[..., :-1]) & (drop_survivor[..., 1:] != drop_survivor[..., :-1])).any(-1)
     drop = torch.ones(logits_BNV.shape, dtype=torch.bool, device=logits_BNV.device)
     drop.scatter_(-1, index.gather(-1, order), drop_survivor)  # outside the top k: dropped
     return logits_BNV.masked_fill(drop, float("-inf")), tied
 
 
+def _rows_tied_at_kth(logits_BNV: torch.Tensor, kth_BN1: torch.Tensor, top_k: int) -> torch.Tensor:
+    """bool ``[B, N]``: the rows with more than ``top_k`` logits ``≥`` their k-th largest (a tie at the boundary:
+    the official filter keeps every tied token, ``topk`` only ``top_k`` of them)."""
+    return (logits_BNV >= kth_BN1).sum(-1) > top_k
+
+
 def _top_k_has_ties(logits_BNV: torch.Tensor, kth_BN1: torch.Tensor, top_k: int) -> bool:
-    """Whether a row has more than ``top_k`` logits ``≥`` its k-th largest (a tie at the boundary: the official
-    filter keeps every tied token, ``topk`` only ``top_k`` of them)."""
-    return bool(((logits_BNV >= kth_BN1).sum(-1) > top_k).any())
+    """Whether any row is tied at its k-th logit (:func:`_rows_tied_at_kth`)."""
+    return bool(_rows_tied_at_kth(logits_BNV, kth_BN1, top_k).any())
 
 
 def _draw_top_k_inverse_cdf(logits_BNV: torch.Tensor, top_k: int, top_p: float,
