@@ -150,3 +150,55 @@ def test_report_table_shows_psnr_differing_identical_and_holm(tmp_path):
     assert frame.loc["a", "psnr_mean_mse"] == pytest.approx(35.6067, abs=1e-4)
     assert frame.loc["a", "psnr"] == pytest.approx(67.5)  # the old key is still in the CSV
     assert frame.loc["b", "psnr_mean_mse"] == pytest.approx(100.0) and frame.loc["b", "psnr_differing_n"] == 0
+
+
+# ----- the interval's confidence level, pinned by computations that share no code with stats.py ------------------
+def _own_paired_percentile(num, den, level, resamples=20000, seed=11):
+    """A second paired bootstrap written here: resample pair indices, ratio of means, percentile interval."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(num), (resamples, len(num)))
+    ratios = num[idx].mean(1) / den[idx].mean(1)
+    return np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+
+
+def test_paired_speedup_interval_is_95_percent():
+    # 200 paired batch times, speedup ~2 with 10 % noise per pair: BCa and percentile agree closely here
+    rng = np.random.default_rng(5)
+    den = rng.uniform(1.0, 2.0, 200)
+    num = 2.0 * den * rng.normal(1.0, 0.1, 200)
+    s = paired_bootstrap_ratio(num, den)
+    assert s.level == 0.95 and s.n == 200
+    ratio = num.mean() / den.mean()
+    # delta method: the ratio's standard error from the linearised pairs z_i = (num_i - R den_i) / mean(den)
+    se = ((num - ratio * den) / den.mean()).std(ddof=1) / np.sqrt(200)
+    assert s.high - s.low == pytest.approx(2 * 1.959964 * se, rel=0.12)  # a 50 % interval is 0.34 x as wide
+    low, high = _own_paired_percentile(num, den, 0.95)
+    assert s.low == pytest.approx(low, abs=0.15 * (high - low))
+    assert s.high == pytest.approx(high, abs=0.15 * (high - low))
+    # the level is honoured when asked for: a 50 % interval is about 0.674 / 1.960 as wide
+    half = paired_bootstrap_ratio(num, den, level=0.5)
+    assert half.level == 0.5
+    assert half.high - half.low == pytest.approx(2 * 0.674490 * se, rel=0.15)
+
+
+def test_paired_speedup_interval_below_bca_count_is_95_percent():
+    # 8 pairs: the percentile method; compared with the bootstrap above at 20,000 resamples
+    den = np.array([1.00, 1.10, 0.95, 1.30, 1.05, 0.90, 1.20, 1.15])
+    num = 2.0 * den * np.array([1.10, 0.92, 1.05, 0.97, 1.12, 0.88, 1.01, 0.95])
+    s = paired_bootstrap_ratio(num, den)
+    assert s.method == "percentile" and s.level == 0.95
+    low, high = _own_paired_percentile(num, den, 0.95)
+    assert s.low == pytest.approx(low, abs=0.1 * (high - low))
+    assert s.high == pytest.approx(high, abs=0.1 * (high - low))
+
+
+def test_bootstrap_ci_of_a_known_sample_is_95_percent():
+    # 50 ones and 50 zeros: the bootstrap mean is Binomial(100, 0.5) / 100, whose 2.5 % and 97.5 % quantiles are
+    # 40 and 60 (a 50 % interval would be [0.47, 0.53])
+    s = bootstrap_ci([1.0] * 50 + [0.0] * 50)
+    assert s.level == 0.95 and s.method == "BCa"
+    assert s.low == pytest.approx(0.40, abs=0.011) and s.high == pytest.approx(0.60, abs=0.011)
+    # percentile method (n < 10): Binomial(8, 0.5) / 8, P(X <= 0) = 1/256 < 2.5 % < P(X <= 1) = 9/256, so the
+    # 95 % interval is [1/8, 7/8] (50 %: [3/8, 5/8])
+    p = bootstrap_ci([1.0] * 4 + [0.0] * 4)
+    assert p.method == "percentile" and (p.low, p.high) == pytest.approx((0.125, 0.875))
