@@ -224,9 +224,13 @@ def read_dpg(path: str | Path) -> list[dict]:
         raise UserError(f"{path} is empty (a DPG-Bench result file has one row per prompt)")
     delimiter = "\t" if "\t" in lines[0] else ","
     header = [h.strip().lower() for h in next(csv.reader([lines[0]], delimiter=delimiter))]
-    if len(header) == 2 and _float(header[1]) is not None:  # headerless "id, score"
+    known = {*_ID_COLUMNS, *_OVERALL_COLUMNS, *DPG_CATEGORIES, "arm"}
+    first_line = 2
+    second = _float(header[1]) if len(header) == 2 else None
+    # headerless "id, score": two cells, no column name, and a second cell that is a number (or empty), not a word
+    if len(header) == 2 and not known.intersection(header) and not (second is not None and math.isnan(second)):
         header = ["id", "overall"]
-        body = lines
+        body, first_line = lines, 1
     else:
         body = lines[1:]
     id_col = next((c for c in _ID_COLUMNS if c in header), None)
@@ -235,7 +239,7 @@ def read_dpg(path: str | Path) -> list[dict]:
         raise UserError(f"{path}: need an id column ({' / '.join(_ID_COLUMNS[:4])}) and a score column "
                         f"({' / '.join(_OVERALL_COLUMNS[:2])}); the header is {', '.join(header)}")
     rows = []
-    for n, values in enumerate(csv.reader(io.StringIO("\n".join(body)), delimiter=delimiter), 2):
+    for n, values in enumerate(csv.reader(io.StringIO("\n".join(body)), delimiter=delimiter), first_line):
         if len(values) != len(header):
             raise UserError(f"{path}:{n} has {len(values)} fields, the header {len(header)}")
         cells = dict(zip(header, (v.strip() for v in values)))
