@@ -300,28 +300,47 @@ def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: i
     print(f"{'preset':10s} {'FLOPs ratio':>11s} {'ideal x':>8s} {'GB moved':>8s} {'bw-ideal x':>10s} {'time s':>8s} "
           f"{'time ratio':>10s} {'measured x':>10s} {'meas/ideal':>10s} {'meas/bw':>7s} {'scoring %':>9s} "
           f"{'lens %':>7s}  computed tokens per scale")
-    ratios, bw_ratios = {}, {}
+    rows = {}
     for name in names:
         t = statistics.median(times[name])
-        f_ratio = flops[name] / base_f
-        ideal = 1 / f_ratio
-        bw_ideal = base_model / roofline_seconds(reports[name], roofline)
-        measured = base_t / t
-        ratios[name], bw_ratios[name] = measured / ideal, measured / bw_ideal
+        r = rows[name] = preset_ratios(base_t, t, base_f, flops[name], base_model,
+                                       roofline_seconds(reports[name], roofline))
         tokens = results[name].computed_tokens_per_scale()
-        print(f"{name:10s} {f_ratio:11.3f} {ideal:8.2f} {bytes_moved(reports[name]) / 1e9:8.2f} {bw_ideal:10.2f} "
-              f"{t:8.3f} {t / base_t:10.3f} {measured:10.2f} {ratios[name]:10.2f} {bw_ratios[name]:7.2f} "
+        print(f"{name:10s} {r['flops_ratio']:11.3f} {r['ideal']:8.2f} {bytes_moved(reports[name]) / 1e9:8.2f} "
+              f"{r['bw_ideal']:10.2f} {t:8.3f} {r['time_ratio']:10.3f} {r['measured']:10.2f} "
+              f"{r['meas_ideal']:10.2f} {r['meas_bw']:7.2f} "
               f"{100 * scoring_share[name]:8.2f}% {100 * lens_share[name]:6.2f}%  {tokens}")
     for name in names:  # --save-images: one untimed decoded generation per preset, after the measurements
         save_bench_images(images_root, adapter, f"{name}_b{B}", labels, seeds, sampling, policies[name], prompt_set)
-    pruning = [n for n in names if n in TOKEN_PRUNING and flops[n] < 0.99 * base_f]
-    worst = min((ratios[n] for n in pruning), default=float("nan"))
-    worst_bw = min((bw_ratios[n] for n in pruning), default=float("nan"))
-    entropy = scoring_share.get("nova", float("nan"))
-    print(f"speedup_vs_ideal_min={worst:.3f} entropy_overhead={entropy:.4f} "
-          f"scoring_overhead_max={max(scoring_share.values()):.4f} "
-          f"lens_share={lens_share.get('nova', float('nan')):.4f} speedup_vs_bw_ideal_min={worst_bw:.3f}")
+    print(presets_summary_line(rows, scoring_share, lens_share))
     return 0
+
+
+def preset_ratios(base_seconds: float, seconds: float, base_flops: float, flops: float, base_model_seconds: float,
+                  model_seconds: float) -> dict[str, float]:
+    """One row of the presets table from the baseline's and the preset's median time, FLOPs and roofline-modelled
+    time: ``flops_ratio``, ``ideal`` (FLOPs-ideal speedup), ``bw_ideal`` (bandwidth-aware ideal speedup),
+    ``time_ratio``, ``measured`` (speedup), ``meas_ideal`` = measured / ideal and ``meas_bw`` = measured / bw_ideal."""
+    flops_ratio = flops / base_flops
+    ideal = 1 / flops_ratio
+    bw_ideal = base_model_seconds / model_seconds
+    measured = base_seconds / seconds
+    return {"flops_ratio": flops_ratio, "ideal": ideal, "bw_ideal": bw_ideal, "time_ratio": seconds / base_seconds,
+            "measured": measured, "meas_ideal": measured / ideal, "meas_bw": measured / bw_ideal}
+
+
+def presets_summary_line(rows: dict[str, dict[str, float]], scoring_share: dict[str, float],
+                         lens_share: dict[str, float]) -> str:
+    """The last line of the presets benchmark from :func:`preset_ratios` rows: the worst measured / ideal and
+    measured / bandwidth-aware-ideal ratio over the token-pruning presets that prune (FLOPs ratio below 0.99),
+    NOVA's scoring and lens shares and the largest scoring share."""
+    pruning = [n for n in rows if n in TOKEN_PRUNING and rows[n]["flops_ratio"] < 0.99]
+    worst = min((rows[n]["meas_ideal"] for n in pruning), default=float("nan"))
+    worst_bw = min((rows[n]["meas_bw"] for n in pruning), default=float("nan"))
+    entropy = scoring_share.get("nova", float("nan"))
+    return (f"speedup_vs_ideal_min={worst:.3f} entropy_overhead={entropy:.4f} "
+            f"scoring_overhead_max={max(scoring_share.values()):.4f} "
+            f"lens_share={lens_share.get('nova', float('nan')):.4f} speedup_vs_bw_ideal_min={worst_bw:.3f}")
 
 
 #: (label, rows, heads, queries, keys, head_dim): the last VAR-d16 scale at batch 1 with CFG, and Infinity-2B's

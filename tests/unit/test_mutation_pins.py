@@ -23,3 +23,53 @@ def test_dpg_two_column_file_with_and_without_header(tmp_path, header):
     assert overall["mean"] == pytest.approx(0.625) and overall["n"] == 4 and entry["n_prompts"] == 4
     assert [p["id"] for p in entry["per_prompt"]] == ["p0", "p1", "p2", "p3"]
     assert set(entry["summary"]) == {"dpg_overall"}  # a two-column file holds no category
+
+
+# ----- bench presets: measured / bandwidth-aware ideal, not measured / FLOPs ideal -----------------------------
+def test_preset_ratios_hand_worked():
+    from profilers.benchmarks import preset_ratios, presets_summary_line
+
+    # baseline 3 s, 12 GFLOP, modelled 2 s; the preset 2 s, 4 GFLOP, modelled 1.6 s:
+    # FLOPs ideal 3x, bandwidth-aware ideal 2 / 1.6 = 1.25x, measured 1.5x -> meas/ideal 0.5, meas/bw 1.2
+    r = preset_ratios(3.0, 2.0, 12e9, 4e9, 2.0, 1.6)
+    assert r["flops_ratio"] == pytest.approx(1 / 3) and r["ideal"] == pytest.approx(3.0)
+    assert r["bw_ideal"] == pytest.approx(1.25) and r["measured"] == pytest.approx(1.5)
+    assert r["time_ratio"] == pytest.approx(2 / 3)
+    assert r["meas_ideal"] == pytest.approx(0.5) and r["meas_bw"] == pytest.approx(1.2)
+    rows = {"baseline": preset_ratios(3.0, 3.0, 12e9, 12e9, 2.0, 2.0), "fastvar": r,
+            # nova: 6 GFLOP (ideal 2x), modelled 1.0 s (bw ideal 2x), measured 3 / 2.5 = 1.2x -> 0.6 and 0.6
+            "nova": preset_ratios(3.0, 2.5, 12e9, 6e9, 2.0, 1.0),
+            # skipvar is not a token-pruning preset: its ratios (1.5 / 1.5 = 1.0, 1.5 / 1.0) are not in the minima
+            "skipvar": preset_ratios(3.0, 2.0, 12e9, 8e9, 2.0, 2.0)}
+    line = presets_summary_line(rows, {"baseline": 0.0, "fastvar": 0.01, "nova": 0.07, "skipvar": 0.02},
+                                {"nova": 0.03})
+    assert line == ("speedup_vs_ideal_min=0.500 entropy_overhead=0.0700 scoring_overhead_max=0.0700 "
+                    "lens_share=0.0300 speedup_vs_bw_ideal_min=0.600")
+
+
+def test_bench_presets_prints_measured_over_bandwidth_ideal(monkeypatch, capsys):
+    """The printed table at fixed timings (the baseline 2 s, fastvar 1 s: measured 2x) and a given roofline with a
+    slow memory, so that the bandwidth-aware ideal is far from the FLOPs ideal."""
+    import torch
+
+    import profilers.benchmarks as bench
+    from ablations.runner import load_study_model
+    from profilers.memory import Roofline
+    from var_core.engine import SamplingConfig
+
+    torch.set_num_threads(1)
+    monkeypatch.setattr(bench, "interleaved_medians",
+                        lambda variants, repeats, warmup=1: {"baseline": [2.0], "fastvar": [1.0]})
+    adapter = load_study_model("random:official-tiny", None)
+    sampling = SamplingConfig(cfg=1.5, top_k=100, top_p=0.95)
+    assert bench.bench_presets(adapter, sampling, 1, 1, presets=["fastvar"],
+                               roofline=Roofline(peak_flops=1e12, bandwidth=1e8)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line.split() for line in lines if line.startswith("fastvar "))
+    ideal, bw_ideal, measured, meas_ideal, meas_bw = (float(row[i]) for i in (2, 4, 7, 8, 9))
+    assert measured == pytest.approx(2.0)
+    assert 1.0 < bw_ideal < ideal - 0.2  # weights stream at every scale: far below the FLOPs ideal here
+    assert meas_bw == pytest.approx(2.0 / bw_ideal, abs=0.011) and meas_ideal == pytest.approx(2.0 / ideal, abs=0.011)
+    last = dict(kv.split("=") for kv in lines[-1].split())
+    assert float(last["speedup_vs_bw_ideal_min"]) == pytest.approx(2.0 / bw_ideal, abs=0.006)
+    assert float(last["speedup_vs_ideal_min"]) == pytest.approx(2.0 / ideal, abs=0.006)
