@@ -73,3 +73,44 @@ def test_bench_presets_prints_measured_over_bandwidth_ideal(monkeypatch, capsys)
     last = dict(kv.split("=") for kv in lines[-1].split())
     assert float(last["speedup_vs_bw_ideal_min"]) == pytest.approx(2.0 / bw_ideal, abs=0.006)
     assert float(last["speedup_vs_ideal_min"]) == pytest.approx(2.0 / ideal, abs=0.006)
+
+
+# ----- the merge of per-process shards restores the sample order -----------------------------------------------
+def _output(indices, rank, batch_idx, num_scales=3):
+    """One batch's output as GenerationModule.predict_step returns it, every field derived from the sample id."""
+    import torch
+
+    return {"indices": list(indices), "labels": [10 + i for i in indices], "seeds": [100 + i for i in indices],
+            "images_u8": torch.stack([torch.full((3, 2, 2), i, dtype=torch.uint8) for i in indices]),
+            "tokens": [[torch.full((s + 1,), 1000 * i + s) for s in range(num_scales)] for i in indices],
+            "entropy": torch.tensor([[i + 0.1 * s for s in range(num_scales)] for i in indices]),
+            "activation_scale": [i % 3 for i in indices],
+            "batch": {"rank": rank, "batch_idx": batch_idx, "indices": list(indices), "size": len(indices)}}
+
+
+def test_merge_of_rank_shards_is_in_sample_order():
+    import numpy as np
+    import torch
+
+    from var_core.eval.lightning import _merge
+
+    env = lambda rank: {"rank": rank, "device": "cpu"}  # noqa: E731
+    # 6 samples in batches of 2 dealt round-robin to 2 processes: rank 0 ran [0, 1] and [4, 5], rank 1 ran [2, 3]
+    two = _merge([{"environment": env(0), "outputs": [_output([0, 1], 0, 0), _output([4, 5], 0, 1)]},
+                  {"environment": env(1), "outputs": [_output([2, 3], 1, 0)]}])
+    # shards handed over in the other order (rank 1 first) and a one-process run of the same samples
+    swapped = _merge([{"environment": env(1), "outputs": [_output([2, 3], 1, 0)]},
+                      {"environment": env(0), "outputs": [_output([0, 1], 0, 0), _output([4, 5], 0, 1)]}])
+    one = _merge([{"environment": env(0), "outputs": [_output([0, 1], 0, 0), _output([2, 3], 0, 1),
+                                                      _output([4, 5], 0, 2)]}])
+    for run in (two, swapped, one):
+        assert run.indices == [0, 1, 2, 3, 4, 5]
+        assert run.labels.tolist() == [10, 11, 12, 13, 14, 15] and run.seeds == [100, 101, 102, 103, 104, 105]
+        assert [int(img[0, 0, 0]) for img in run.images_u8] == [0, 1, 2, 3, 4, 5]
+        assert [int(t[2][0]) for t in run.tokens] == [2, 1002, 2002, 3002, 4002, 5002]
+        np.testing.assert_allclose(run.entropy[:, 1], [0.1, 1.1, 2.1, 3.1, 4.1, 5.1])
+        assert run.activation_scale == [0, 1, 2, 0, 1, 2]
+        assert [b["indices"][0] for b in run.batches] == [0, 2, 4]
+    assert [p["rank"] for p in two.processes] == [0, 1] == [p["rank"] for p in swapped.processes]
+    assert two.content_hash() == swapped.content_hash() == one.content_hash()
+    assert torch.equal(two.images_u8, one.images_u8)
