@@ -114,3 +114,45 @@ def test_merge_of_rank_shards_is_in_sample_order():
     assert [p["rank"] for p in two.processes] == [0, 1] == [p["rank"] for p in swapped.processes]
     assert two.content_hash() == swapped.content_hash() == one.content_hash()
     assert torch.equal(two.images_u8, one.images_u8)
+
+
+# ----- the testbed classifier sees images in the range it was trained on ([-1, 1]) ------------------------------
+# class probability of the true label for held-out images 0..19 (2 per class), recorded by hand from the shipped
+# classifier on [-1, 1] inputs (fed [0, 1] instead, 7 of the 20 are misclassified and these fall to 0.005 .. 0.96)
+HELDOUT_PROB = [0.9515, 0.9543, 0.9482, 0.9556, 0.9439, 0.9553, 0.9544, 0.9545, 0.9563, 0.9567,
+                0.9561, 0.9559, 0.9652, 0.9559, 0.9590, 0.9540, 0.9556, 0.9560, 0.9528, 0.9545]
+
+
+def test_testbed_classifier_range_through_the_study_metrics():
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from var_core.eval.metrics import MetricContext, compute_arm_metrics
+    from var_core.testbed.classifier import default_weights_path
+    from var_core.testbed.data import generate_image
+
+    if not default_weights_path().is_file():
+        pytest.skip("the shipped testbed classifier is not in this checkout")
+    torch.set_num_threads(1)
+    pairs = [generate_image("heldout", i, 0, 64) for i in range(20)]
+    images = torch.stack([torch.from_numpy(img).permute(2, 0, 1) for img, _ in pairs])  # float [0, 1], as generated
+    labels = torch.tensor([label for _, label in pairs])
+    assert labels.tolist() == [i % 10 for i in range(20)]
+    adapter = SimpleNamespace(family="var", cfg=SimpleNamespace(num_classes=10), image_size=64, model_name="testbed")
+    ctx = MetricContext.build(adapter)  # what a testbed study builds: the shipped classifier and its extractors
+    assert ctx.classifier_reason is None and ctx.classifier is not None
+    metrics = compute_arm_metrics(images, images, labels, None, None, ctx, is_baseline=True)
+    assert metrics.per_sample["class_correct"] == [1.0] * 20
+    np.testing.assert_allclose(metrics.per_sample["class_prob"], HELDOUT_PROB, atol=2e-3)
+    # the same numbers computed here: 8-bit pixels mapped to [-1, 1] as the training script maps them (u8 / 127.5 - 1)
+    u8 = (images * 255).round()
+    with torch.no_grad():
+        logits = ctx.classifier(u8 / 127.5 - 1)
+        features = ctx.classifier.features(u8 / 127.5 - 1)
+    prob = logits.softmax(1)[torch.arange(20), labels].double().numpy()
+    np.testing.assert_allclose(metrics.per_sample["class_prob"], prob, atol=1e-6)
+    # the FID / KID proxy's features and the IS proxy's logits: float [0, 1] and uint8 inputs, same range mapping
+    torch.testing.assert_close(ctx.feature_extractor.module(u8 / 255), features, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ctx.logits_extractor.module(u8.to(torch.uint8)), logits, atol=1e-5, rtol=1e-5)
