@@ -59,7 +59,10 @@ def test_fixture_verify_every_check_passes():
                  "llm/greedy_cfg1/tokens", "llm_aln/greedy_cfg4.5/tokens", "llm/greedy_cfg4.5/raw_logits",
                  "llm/greedy_cfg4.5/residual_tokens", "llm/greedy_cfg4.5/diffusion_noise_steps",
                  "llm/rng_cfg4.5_topp0.9_seed42/optional/tokens", "llm/rng_default_cfg4.5_smooth_seed1/optional/tokens",
-                 "diffusion/run0_cfg2.5/out", "diffusion/run1_cfg1.0/out", "vae/recon_hart_full", "manifest/coverage"):
+                 "diffusion/run0_cfg2.5/out", "diffusion/run1_cfg1.0/out", "vae/recon_hart_full", "manifest/coverage",
+                 "llm/derived_cfg0/global_rng_state_after_run",
+                 "llm/derived_cfg0/diffusion_noise_steps (guided: 2·B·N rows)",
+                 "llm/derived_cfg0/residual_tokens (= guided head at guidance 0, conditional half)"):
         assert name in passed, name
 
 

@@ -15,12 +15,18 @@ plus the embedding of its sampled code (computed by the adapter, :meth:`HARTTran
   result times ``vae_scale = 0.6``. Guidance ``s`` (HART: the last scale's ``t = cfg·(N−2)/(N−1)``):
   rows ``[cond ; uncond]``, the net runs on ``[x_cond ; x_cond]``, ``ε = (1+s)·ε_c − s·ε_u`` for both halves,
   each half's own variance values. **``s == 1.0`` exactly takes the unguided branch** (an official quirk,
-  reproduced): every row is denoised on its own condition, no mixing. ``s`` may be a per-row tensor (per-sample
-  guidance stops: ``s = 0`` gives the conditional prediction alone).
+  reproduced): every row is denoised on its own condition, no mixing. Every other ``s`` — **``s = 0`` included**
+  (HART at ``cfg = 0``) — takes the guided branch: ``ε = ε_c``, but the noise is drawn as under guidance.
+  ``s`` may be a per-row tensor (per-sample guidance stops: ``s = 0`` gives the conditional prediction alone).
+* ``cond_only=True``: ``z`` holds only the conditional rows of the official call (the unconditional rows were
+  never computed, e.g. HART at ``cfg = 0``); allowed where they cannot change the conditional half, i.e.
+  ``s = 0`` (guided branch) and ``s = 1.0`` (unguided branch). The result is that call's conditional half, with
+  the noise drawn exactly as the full call draws it (the unconditional rows' share drawn and dropped).
 
-Randomness comes from a *noise source*: a callable ``noise(rows, channels) -> tensor``. The official order (global
-generator): one draw of the initial noise (half the rows under guidance, duplicated), then one draw for all rows
-at every step, also at the last (multiplied by 0). :func:`torch_noise` gives that order from a generator (None =
+Randomness comes from a *noise source*: a callable ``noise(rows, channels) -> tensor`` (it may return more rows
+than asked for: the first ``rows`` are used, the whole draw is traced). The official order (global generator):
+one draw of the initial noise (half the rows under guidance, duplicated), then one draw for all rows at every
+step, also at the last (multiplied by 0). :func:`torch_noise` gives that order from a generator (None =
 the global one); the adapter builds per-sample sources for batch-independent results.
 
 Knob that matters: ``steps`` (the respacing; official 8). Training (``forward`` with the VLB loss) is not
@@ -245,26 +251,35 @@ class DiffusionHead(nn.Module):
 
     @torch.no_grad()
     def sample(self, z_nC: torch.Tensor, cfg=1.0, temperature: float = 1.0, steps: int | None = None,
-               noise: NoiseSource | None = None, trace: list | None = None) -> torch.Tensor:
+               noise: NoiseSource | None = None, trace: list | None = None, cond_only: bool = False
+               ) -> torch.Tensor:
         """``[n, Cvae]`` residual tokens (×``VAE_SCALE``) for the conditions ``z`` (official ``DiffLoss.sample``).
 
-        ``cfg`` a float: exactly 1.0 → unguided (every row on its own condition), else rows ``[cond ; uncond]``
-        guided with ``(1+s)·ε_c − s·ε_u``. ``cfg`` a ``[n/2]`` tensor: per conditional row (always the guided
-        branch). ``noise``: a noise source (default: the global generator). ``trace``: filled with one dict per
-        step (``x_t``, ``t_index``, ``model_timesteps``, ``model_out``, ``mean``, ``log_variance``, ``pred_xstart``,
-        ``sample``, ``noise``) plus ``{"noise_init": …}`` first.
+        ``cfg`` a float: exactly 1.0 → unguided (every row on its own condition), else (0 included) rows
+        ``[cond ; uncond]`` guided with ``(1+s)·ε_c − s·ε_u``. ``cfg`` a ``[n/2]`` tensor: per conditional row
+        (always the guided branch). ``cond_only``: ``z`` is only the conditional half of the official call's rows
+        (``cfg`` must be 0 or exactly 1.0, where that half does not depend on the other): each row is denoised on
+        its own condition, the noise drawn as the full call draws it — guided (0): ``n`` rows initially and ``2n``
+        at every step; unguided (1.0): ``2n`` rows each time; the first ``n`` used. ``noise``: a noise source
+        (default: the global generator). ``trace``: filled with one dict per step (``x_t``, ``t_index``,
+        ``model_timesteps``, ``model_out``, ``mean``, ``log_variance``, ``pred_xstart``, ``sample``, ``noise``:
+        the whole draw) plus ``{"noise_init": …}`` (the whole draw) first.
         """
         noise = noise or torch_noise(None, z_nC.device, z_nC.dtype)
-        guided = isinstance(cfg, torch.Tensor) or float(cfg) != 1.0
         n = z_nC.shape[0]
-        if guided:
-            if n % 2:
-                raise ValueError(f"guided diffusion needs [cond ; uncond] rows (an even count), got {n}")
-            init = noise(n // 2, self.in_channels)
-            x = torch.cat([init, init])
+        if cond_only:
+            if isinstance(cfg, torch.Tensor) or float(cfg) not in (0.0, 1.0):
+                raise ValueError(f"cond_only needs cfg 0 or 1.0 (the unconditional rows change the result at cfg "
+                                 f"{cfg!r}): pass the [cond ; uncond] rows")
+            guided = False  # the conditional half of either branch: ε_c and v_c of each row on its own condition
+            init_rows, step_rows = (n, 2 * n) if float(cfg) == 0.0 else (2 * n, 2 * n)
         else:
-            init = noise(n, self.in_channels)
-            x = init
+            guided = isinstance(cfg, torch.Tensor) or float(cfg) != 1.0
+            if guided and n % 2:
+                raise ValueError(f"guided diffusion needs [cond ; uncond] rows (an even count), got {n}")
+            init_rows, step_rows = (n // 2 if guided else n), n
+        init = noise(init_rows, self.in_channels)
+        x = init[:n // 2].repeat(2, 1) if guided else init[:n]
         x = x.to(z_nC.dtype)
         if trace is not None:
             trace.append({"noise_init": init})
@@ -273,8 +288,8 @@ class DiffusionHead(nn.Module):
         for i in reversed(range(proc.steps)):
             t_model = tmap[i].expand(n)
             out = self.net.forward_with_cfg(x, t_model, z_nC, cfg) if guided else self.net(x, t_model, z_nC)
-            step_noise = noise(n, self.in_channels).to(x.dtype)
-            step = proc.p_step(out, x, i, step_noise, temperature)
+            step_noise = noise(step_rows, self.in_channels)
+            step = proc.p_step(out, x, i, step_noise[:n].to(x.dtype), temperature)
             if trace is not None:
                 trace.append({"x_t": x, "t_index": torch.full((n,), i, dtype=torch.long), "model_timesteps": t_model,
                               "model_out": out, "noise": step_noise, **step})

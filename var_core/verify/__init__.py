@@ -11,8 +11,11 @@ The folder's ``SHA256SUMS`` is its manifest (see :mod:`.common`): every listed f
 hash, and every listed golden must be read by a check. A folder without one is refused (exit 2) unless
 ``--partial`` is given; the output then says PARTIAL and which manifest checks were skipped. A golden that lacks
 an optional key gives a ``SKIP`` line; a missing required key or an unreadable file gives one ``FAIL`` line
-naming the file. RNG-dependent goldens are optional: a mismatch there is reported as ``INFO``, not a failure,
-because our per-sample sampler may consume randomness differently from the official single-generator one.
+naming the file. A golden may record a per-scale list (tokens, logits, ``block_outputs`` …) for its first scales
+only: those scales are compared and the line says how many (``[4 of 10 scales recorded (scales 0-3)]``); a list
+with no scale, or with more scales than the model produced, fails. RNG-dependent goldens are optional: a
+mismatch there is reported as ``INFO``, not a failure, because our per-sample sampler may consume randomness
+differently from the official single-generator one.
 
 Layout: :mod:`.common` (manifest, fixture files, check lines), one module per family (:mod:`.var`,
 :mod:`.infinity`, :mod:`.hart`) and :mod:`.cli` (``python -m var_core.verify``).

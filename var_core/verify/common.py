@@ -57,6 +57,7 @@ class Check:
     tolerance: float | str = ""
     skipped: bool = False
     detail: str | None = None
+    note: str = ""  # appended in brackets (e.g. which scales a golden records)
 
     @property
     def status(self) -> str:
@@ -65,11 +66,12 @@ class Check:
         return {True: "PASS", False: "FAIL", None: "INFO"}[self.passed]
 
     def line(self) -> str:
+        note = f"  [{self.note}]" if self.note else ""
         if self.detail is not None:
-            return f"{self.status}  {self.name:<48s} {self.detail}"
+            return f"{self.status}  {self.name:<48s} {self.detail}{note}"
         dev = f"{self.deviation:.3g}" if isinstance(self.deviation, float) else self.deviation
         tol = f"{self.tolerance:.3g}" if isinstance(self.tolerance, float) else self.tolerance
-        return f"{self.status}  {self.name:<48s} max_dev={dev:<10s} tol={tol}"
+        return f"{self.status}  {self.name:<48s} max_dev={dev:<10s} tol={tol}{note}"
 
 
 def skip(name: str, why: str) -> Check:
@@ -116,6 +118,69 @@ def _close(name, ours, golden, tol) -> Check:
     else:
         dev = _max_dev(ours, golden)
     return Check(name, dev <= tol, dev, tol)
+
+
+def recorded_scales(name: str, ours, golden, first: int = 0) -> tuple[int, str] | Check:
+    """How many leading entries of a per-scale golden list to compare, and the note that says so.
+
+    A golden may record a per-scale key (``block_outputs``, logits, tokens …) for the first scales only: those are
+    compared with ours, and the check says how many (``4 of 10 scales recorded (scales 0-3)``; no note when the
+    golden records every scale). A golden that records no scale, or more scales than ours produced, is a FAIL
+    check. ``first``: the scale of entry 0 (1 for next-scale inputs, which start at scale 1)."""
+    if not isinstance(golden, (list, tuple)):
+        return fail(name, f"expected a per-scale list in the golden, got {type(golden).__name__}")
+    n_golden, n_ours = len(golden), len(ours)
+    if n_golden == 0:
+        return fail(name, "the golden records no scale (an empty per-scale list)")
+    if n_golden > n_ours:
+        return fail(name, f"the golden records {n_golden} scales, ours produced {n_ours}")
+    if n_golden == n_ours:
+        return n_golden, ""
+    last = first + n_golden - 1
+    where = f"scale {first}" if n_golden == 1 else f"scales {first}-{last}"
+    return n_golden, f"{n_golden} of {n_ours} scales recorded ({where})"
+
+
+def _nested_dev(ours, golden) -> float:
+    """Max deviation of nested lists of tensors (inf on a structure or shape mismatch)."""
+    if isinstance(golden, (list, tuple)):
+        if not isinstance(ours, (list, tuple)) or len(ours) != len(golden):
+            return float("inf")
+        return max((_nested_dev(o, g) for o, g in zip(ours, golden)), default=0.0)
+    return _max_dev(ours, golden)
+
+
+def close_scales(name, ours, golden, tol, first: int = 0) -> Check:
+    """:func:`_close` per scale, over the scales the golden records (see :func:`recorded_scales`); an entry may
+    itself be a list (e.g. one tensor per block)."""
+    window = recorded_scales(name, ours, golden, first)
+    if isinstance(window, Check):
+        return window
+    k, note = window
+    dev = max((_nested_dev(o, g) for o, g in zip(list(ours)[:k], list(golden)[:k])), default=0.0)
+    return Check(name, dev <= tol, dev, tol, note=note)
+
+
+def identical_scales(name, ours, golden, optional=False, first: int = 0) -> Check:
+    """:func:`_identical` per scale, over the scales the golden records (see :func:`recorded_scales`)."""
+    window = recorded_scales(name, ours, golden, first)
+    if isinstance(window, Check):  # a malformed golden, even for an optional check
+        return window
+    k, note = window
+    check = _identical(name, list(ours)[:k], list(golden)[:k], optional=optional)
+    check.note = note
+    return check
+
+
+def equal_scales(name, ours: list, golden, what: str, same=lambda a, b: a == b) -> Check:
+    """Per-scale values (settings such as the sampler's top-k) equal over the scales the golden records."""
+    window = recorded_scales(name, ours, golden)
+    if isinstance(window, Check):
+        return window
+    k, note = window
+    ok = all(same(o, g) for o, g in zip(list(ours)[:k], list(golden)[:k]))
+    detail = f"{what} {list(golden)}" if ok else f"{what}: ours {list(ours)[:k]} vs {list(golden)}"
+    return Check(name, ok, detail=detail, note=note)
 
 
 def _identical(name, ours, golden, optional=False) -> Check:

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from ..engine.context import ScalePlan
 from ..engine.policy import Policy
 from ..models.loading import CheckpointError
-from .common import (Check, Fixture, FixtureFileError, _close, guard, _identical, absent, fail, one_line,
-                            require_keys, skip)
+from .common import (Check, Fixture, FixtureFileError, _close, _identical, absent, close_scales, fail, guard,
+                     identical_scales, one_line, recorded_scales, require_keys, skip)
 
 TOL_HIDDEN = 1e-4
 TOL_CFG_LOGITS = 3e-4
@@ -121,10 +121,10 @@ def _vae_checks(fx: Fixture, vae, inputs, state: dict, checks: list[Check]) -> N
         state["vae_bits"], state["vae_sched"] = bits, vae_sched
         wanted = {
             "raw_features": lambda: _close("vae/raw_features", feat, gv["raw_features"], TOL_HIDDEN),
-            "bit_indices": lambda: _identical("vae/bit_indices", [b.int() for b in bits],
-                                              [b.int() for b in gv["bit_indices"]]),
+            "bit_indices": lambda: identical_scales("vae/bit_indices", [b.int() for b in bits],
+                                                    [b.int() for b in gv["bit_indices"]]),
             "quantized_sum": lambda: _close("vae/quantized_sum", summed, gv["quantized_sum"], TOL_CODES),
-            "var_input": lambda: _close("vae/var_input", var_inputs, gv["var_input"], TOL_CODES),
+            "var_input": lambda: close_scales("vae/var_input", var_inputs, gv["var_input"], TOL_CODES, first=1),
             "recon": lambda: _close("vae/recon", vae.decode(summed), gv["recon"], TOL_IMAGE),
             "summed_codes_from_bits": lambda: _close(
                 "vae/summed_codes_from_bits", vae.summed_codes_from_bits(gv["bit_indices"], vae_sched),
@@ -133,6 +133,10 @@ def _vae_checks(fx: Fixture, vae, inputs, state: dict, checks: list[Check]) -> N
         for key, make in wanted.items():
             if key == "summed_codes_from_bits" and key in gv and "bit_indices" not in gv:
                 checks.append(skip(f"vae/{key}", f"needs bit_indices, which is not in {name}"))
+                continue
+            if key == "summed_codes_from_bits" and key in gv and len(gv["bit_indices"]) != len(vae_sched):
+                checks.append(skip(f"vae/{key}", f"needs bit_indices of all {len(vae_sched)} scales; {name} "
+                                                 f"records {len(gv['bit_indices'])}"))
                 continue
             checks.append(make() if key in gv else skip(f"vae/{key}", absent(name, key)))
 
@@ -236,8 +240,8 @@ def _ar_checks(fx: Fixture, name: str, model, vae, checks: list[Check]) -> None:
         gen = torch.Generator().manual_seed(int(args["g_seed"]))
         result = generate(adapter, conditions, sampling=sampling, shared_generator=gen,
                           options=GenerationOptions(decode=False))
-        checks.append(_identical(f"optional/{tag}/bits", [t.to(torch.uint8) for t in result.tokens], g["bits"],
-                                 optional=True))
+        checks.append(identical_scales(f"optional/{tag}/bits", [t.to(torch.uint8) for t in result.tokens],
+                                       g["bits"], optional=True))
         return
     recorder = _BlockRecorder() if "block_outputs" in g else None
     options = GenerationOptions(decode="img_float" in g or "img_uint8_bgr" in g)
@@ -249,22 +253,27 @@ def _ar_checks(fx: Fixture, name: str, model, vae, checks: list[Check]) -> None:
         if key not in g:
             checks.append(skip(f"{tag}/{label}", absent(name, key)))
     if "bits" in g:
-        checks.append(_identical(f"{tag}/bits", ours_bits, g["bits"]))
+        checks.append(identical_scales(f"{tag}/bits", ours_bits, g["bits"]))
     if "cfg_logits" in g:
-        checks.append(_close(f"{tag}/cfg_logits", [_bit_logits(r.guided_logits_BNV) for r in result.records],
-                             g["cfg_logits"], TOL_CFG_LOGITS))
+        checks.append(close_scales(f"{tag}/cfg_logits", [_bit_logits(r.guided_logits_BNV) for r in result.records],
+                                   g["cfg_logits"], TOL_CFG_LOGITS))
     if "raw_logits" in g:
-        rows = g["raw_logits"][0].shape[0]
-        checks.append(_close(f"{tag}/raw_logits", [r.raw_logits_RNV[:rows] for r in result.records],
-                             g["raw_logits"], TOL_HIDDEN))
+        ours_raw = [r.raw_logits_RNV for r in result.records]
+        window = recorded_scales(f"{tag}/raw_logits", ours_raw, g["raw_logits"])
+        if isinstance(window, Check):
+            checks.append(window)
+        else:
+            rows = g["raw_logits"][0].shape[0]
+            checks.append(close_scales(f"{tag}/raw_logits", [x[:rows] for x in ours_raw], g["raw_logits"],
+                                       TOL_HIDDEN))
     trajectory = _latent_trajectory(adapter, result.tokens)
     if "next_input" in g:
         nxt = [adapter.next_input(trajectory["summed"][si], si + 1) for si in range(len(sched) - 1)]
-        checks.append(_close(f"{tag}/next_input", nxt, g["next_input"], TOL_HIDDEN))
+        checks.append(close_scales(f"{tag}/next_input", nxt, g["next_input"], TOL_HIDDEN, first=1))
     if "codes" in g:
-        checks.append(_close(f"{tag}/codes", trajectory["codes"], g["codes"], TOL_CODES))
+        checks.append(close_scales(f"{tag}/codes", trajectory["codes"], g["codes"], TOL_CODES))
     if "summed_codes" in g:
-        checks.append(_close(f"{tag}/summed_codes", trajectory["summed"], g["summed_codes"], TOL_CODES))
+        checks.append(close_scales(f"{tag}/summed_codes", trajectory["summed"], g["summed_codes"], TOL_CODES))
     if "summed_codes_last" in g:
         checks.append(_close(f"{tag}/summed_codes_last", result.latent, g["summed_codes_last"], TOL_CODES))
     if "img_float" in g:
@@ -272,8 +281,7 @@ def _ar_checks(fx: Fixture, name: str, model, vae, checks: list[Check]) -> None:
     if "img_uint8_bgr" in g:
         checks.append(_uint8_check(f"{tag}/img_uint8_bgr", _uint8_bgr(result.images), g["img_uint8_bgr"]))
     if recorder is not None:
-        checks.append(_close(f"{tag}/block_outputs", [x for scale in recorder.outputs for x in scale],
-                             [x for scale in g["block_outputs"] for x in scale], TOL_HIDDEN))
+        checks.append(close_scales(f"{tag}/block_outputs", recorder.outputs, g["block_outputs"], TOL_HIDDEN))
 
 
 def _transformer_bits(adapter, vae_bits_B1hwd: torch.Tensor, si: int) -> torch.Tensor:

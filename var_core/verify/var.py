@@ -9,8 +9,8 @@ import torch
 
 from ..errors import UserError
 from ..models.loading import CheckpointError
-from .common import (Check, Fixture, FixtureFileError, _close, _identical, _max_dev, absent, fail,  # noqa: F401
-                            guard, one_line, read_config, require_keys, skip, summary_line)
+from .common import (Check, Fixture, FixtureFileError, _close, _identical, _max_dev, absent, close_scales,  # noqa: F401
+                     fail, guard, identical_scales, one_line, read_config, require_keys, skip, summary_line)
 
 TOL_LOGITS = 1e-4
 TOL_IMAGE = 2e-4
@@ -88,9 +88,9 @@ def _vqvae_checks(fx: Fixture, vae, checks: list[Check]):
         f_hats = vae.quantize.f_to_fhat_list(f)
         wanted = {
             "f_encoded": lambda: _close("vqvae/f_encoded", f, golden["f_encoded"], TOL_LOGITS),
-            "idx_Bl": lambda: _identical("vqvae/idx_Bl", vae.quantize.f_to_idx_list(f), golden["idx_Bl"]),
-            "f_hat_per_scale": lambda: _close("vqvae/f_hat_per_scale", f_hats, golden["f_hat_per_scale"],
-                                              TOL_LOGITS),
+            "idx_Bl": lambda: identical_scales("vqvae/idx_Bl", vae.quantize.f_to_idx_list(f), golden["idx_Bl"]),
+            "f_hat_per_scale": lambda: close_scales("vqvae/f_hat_per_scale", f_hats, golden["f_hat_per_scale"],
+                                                    TOL_LOGITS),
             "recon": lambda: _close("vqvae/recon", vae.fhat_to_img(f_hats[-1]), golden["recon"], TOL_IMAGE),
         }
         for key, make in wanted.items():
@@ -146,12 +146,13 @@ def _greedy_checks(fx: Fixture, name: str, tag: str, adapter, vae, checks: list[
     sampling = SamplingConfig(cfg=cfg_value, top_k=int(args.get("top_k", 1)), top_p=float(args.get("top_p", 0)))
     result = generate(adapter, labels, seeds=[0] * len(labels), sampling=sampling, options=GenerationOptions())
     wanted = {
-        "raw_logits": lambda: _close(f"{label}/raw_logits", [r.raw_logits_RNV for r in result.records],
-                                     g["raw_logits"], TOL_LOGITS),
-        "cfg_logits": lambda: _close(f"{label}/cfg_logits", [r.guided_logits_BNV for r in result.records],
-                                     g["cfg_logits"], TOL_LOGITS),
-        "idx_Bl": lambda: _identical(f"{label}/tokens", result.tokens, g["idx_Bl"]),
-        "f_hat": lambda: _close(f"{label}/f_hat", _fhat_trajectory(vae, result.tokens), g["f_hat"], TOL_LOGITS),
+        "raw_logits": lambda: close_scales(f"{label}/raw_logits", [r.raw_logits_RNV for r in result.records],
+                                           g["raw_logits"], TOL_LOGITS),
+        "cfg_logits": lambda: close_scales(f"{label}/cfg_logits", [r.guided_logits_BNV for r in result.records],
+                                           g["cfg_logits"], TOL_LOGITS),
+        "idx_Bl": lambda: identical_scales(f"{label}/tokens", result.tokens, g["idx_Bl"]),
+        "f_hat": lambda: close_scales(f"{label}/f_hat", _fhat_trajectory(vae, result.tokens), g["f_hat"],
+                                      TOL_LOGITS),
         "image": lambda: _close(f"{label}/image", result.images, g["image"], TOL_IMAGE),
     }
     optional = {"raw_logits"}  # recorded only in the cfg 1.5 files: its absence is not worth a line
@@ -179,7 +180,7 @@ def _rng_checks(fx: Fixture, name: str, tag: str, adapter, checks: list[Check]) 
     sampling = SamplingConfig(cfg=float(args["cfg"]), top_k=int(args["top_k"]), top_p=float(args["top_p"]))
     gen = torch.Generator().manual_seed(int(args["g_seed"]))
     result = generate(adapter, labels, sampling=sampling, shared_generator=gen)
-    checks.append(_identical(label, result.tokens, g["idx_Bl"], optional=True))
+    checks.append(identical_scales(label, result.tokens, g["idx_Bl"], optional=True))
 
 
 def _fhat_trajectory(vae, tokens):

@@ -13,7 +13,11 @@ post-last-scale step. Conventions (official ``autoregressive_infer_cfg``, specs/
   ``ctx + L − 1`` positions).
 * **guidance**: VAR's ``(1+t)·cond − t·uncond`` with ``t = cfg·si/(N−1)`` and, at the last scale, the ratio of
   scale ``N−2`` reused (``t = cfg·(N−2)/(N−1)``); the same ``t`` guides the diffusion head. ``cfg = 0`` needs no
-  unconditional rows (``COND_ONLY``).
+  unconditional rows (``COND_ONLY``): their logits are multiplied by 0 and, in the diffusion head, guidance 0
+  gives ``ε = ε_c`` — yet the official sampler computes them and takes the *guided* diffusion branch with
+  guidance 0 (only ``t == 1.0`` exactly is unguided), so its noise draws are the guided ones (``B·N`` rows
+  initially, ``2·B·N`` at every step); ours draws the same and drops the unconditional share, so the image,
+  latent and residual tokens equal the official cfg-0 run's.
 * **sampling**: top-k / top-p with one multinomial draw per scale; the official loop ignores its ``top_k``
   argument and uses 600 while ``si < 7``, else 300 (``HARTSamplingConfig.official_top_k``, default on; off: the
   configured ``top_k``). ``top_k = 1`` is greedy (argmax) either way. ``more_smooth`` (the official scripts'
@@ -25,9 +29,11 @@ post-last-scale step. Conventions (official ``autoregressive_infer_cfg``, specs/
   downsampling of ``f_hat`` embedded by ``word_embed``.
 * **diffusion** (:meth:`finish`): condition ``decoder_norm(x_last + word_embed(emb(idx)))`` per token (hard tokens
   even with ``more_smooth``), ``steps`` respaced iDDPM steps, guided with the last scale's ``t`` (exactly 1.0 takes
-  the unguided branch, an official quirk). Per-sample guidance stops at the last scale give those samples the
-  unguided conditional prediction. Positions a policy's ``latent_mask`` excludes at the last scale receive no
-  residual either (sparse residual tokens).
+  the unguided branch, an official quirk; 0 the guided one, see above). With one half of the rows only (cfg 0,
+  or a policy dropped the unconditional rows) the head denoises those rows with guidance 0 and the guided
+  branch's noise draws. Per-sample guidance stops at the last scale give those samples guidance 0 (the
+  conditional prediction) inside the guided batch. Positions a policy's ``latent_mask`` excludes at the last
+  scale receive no residual either (sparse residual tokens).
 
 RNG: with per-sample generators (``seeds``) every draw — tokens, Gumbel noise, diffusion noise — comes from the
 sample's own generator (a sample's result does not depend on its batch). With ``shared_generator`` (or none) the
@@ -227,7 +233,8 @@ class HARTAdapter(ModelAdapter):
         return ctx
 
     def initial_guidance(self, sampling: SamplingConfig) -> GuidanceMode:
-        # t = cfg·si/(N−1): with cfg == 0 the unconditional rows never matter (the diffusion's s is 0 too)
+        # t = cfg·si/(N−1): with cfg == 0 the unconditional rows never reach the result (the diffusion head's
+        # guidance is 0; finish() draws its noise as the official guided branch does)
         return GuidanceMode.BOTH if sampling.cfg > 0 else GuidanceMode.COND_ONLY
 
     def begin(self, conditions, guidance: GuidanceMode, sampling: SamplingConfig) -> HARTState:
@@ -412,22 +419,23 @@ class HARTAdapter(ModelAdapter):
         h_RNc = h_BNc.repeat(R // B, 1, 1)
         z = self.model.diffusion_condition(x_RNC, h_RNc).reshape(R * N, C)
         t = float(state.t_last)
-        both = state.guidance is GuidanceMode.BOTH
-        guided = both and t != 1.0
-        if guided:
+        if state.guidance is GuidanceMode.BOTH and t != 1.0:  # the official guided branch, [cond ; uncond]
             s = t
-            if state.cond_only_B is not None:
+            if state.cond_only_B is not None:  # samples whose guidance stopped: the conditional prediction
                 s = torch.where(state.cond_only_B.to(z.device), 0.0, t).repeat_interleave(N)
-            z_in, official_rows = z, None
-        else:  # unguided: only the conditional (or the one computed) half is needed
-            z_in = z[:B * N]
-            s = 1.0
-            official_rows = 2 if both else None  # the official t == 1 branch draws noise for both halves
-        noise = self._diffusion_noise(B, N, generators, shared_generator, official_rows, z.device, z.dtype)
+            z_in, cond_only = z, False
+        else:
+            # Only the computed half is denoised; the result equals the official call's conditional half. t == 1
+            # exactly: the official unguided branch. Otherwise the rows of one half only (cfg 0, or a policy
+            # dropped the other half): guidance 0, the guided branch (official at cfg 0: ε = ε_c, and noise
+            # drawn for both halves at every step).
+            z_in, cond_only = z[:B * N], True
+            s = 1.0 if state.guidance is GuidanceMode.BOTH else 0.0
+        noise = self._diffusion_noise(B, N, generators, shared_generator, z.device, z.dtype)
         trace = [] if self.keep_diffusion_trace else None
         head = self.model.diffloss
         res = head.sample(z_in, cfg=s, temperature=settings["diffusion_temperature"],
-                          steps=settings["diffusion_steps"], noise=noise, trace=trace)[:B * N]
+                          steps=settings["diffusion_steps"], noise=noise, trace=trace, cond_only=cond_only)[:B * N]
         res_BNc = res.view(B, N, -1).to(state.f_hat_BChw.dtype)
         if state.keep_last_BN is not None:
             res_BNc = res_BNc * state.keep_last_BN.view(B, N, 1).to(res_BNc.dtype)
@@ -436,7 +444,7 @@ class HARTAdapter(ModelAdapter):
         if trace is not None:
             self.last_diffusion = {"z": z, "cfg": s, "residual_tokens": res_BNc, "trace": trace}
 
-    def _diffusion_noise(self, B: int, N: int, generators, shared_generator, official_rows, device, dtype):
+    def _diffusion_noise(self, B: int, N: int, generators, shared_generator, device, dtype):
         if generators is not None and shared_generator is None:
             def per_sample(rows: int, channels: int) -> torch.Tensor:
                 own = torch.cat([torch.randn(N, channels, generator=g, device=g.device) for g in generators])
@@ -445,10 +453,7 @@ class HARTAdapter(ModelAdapter):
                     own = torch.cat((own, own.new_zeros(rows - B * N, channels)))
                 return own[:rows]
             return per_sample
-        draw = torch_noise(None, device, dtype)  # official: the global generator
-        if official_rows:
-            return lambda rows, channels: draw(official_rows * rows, channels)[:rows]
-        return draw
+        return torch_noise(None, device, dtype)  # official: the global generator
 
     def decode(self, state: HARTState) -> torch.Tensor:
         return self.tokenizer.fhat_to_img(state.f_hat_BChw).add(1).mul(0.5)
