@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -460,6 +461,15 @@ def _headline_note(headline: dict, interleaved: dict | None) -> str:
 
 
 # ----- plots -----------------------------------------------------------------------------------------------
+# Every plot stays readable with many arms (issue 25): the legend sits outside the axes (right of the figure, in
+# room the constrained layout reserves, so it covers neither data nor titles), colour = series and marker = level
+# (:func:`arm_styles`), and per-arm facets are a grid sized to the arm count, never truncated.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "H", "8")
+BASELINE_COLOR = (0.0, 0.0, 0.0)
+MAX_LINES_PER_PANEL = 6  # per-scale curves: more arms than this are split into panels (a series never split)
+LEGEND_ROWS = 26  # legend entries per column before a second column starts
+
+
 def _plt():
     import matplotlib
 
@@ -471,6 +481,89 @@ def _plt():
     return plt, sns
 
 
+def _figure(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6.4, 4.0), **subplots):
+    """A figure on its own Agg canvas (no pyplot state to close) with the constrained layout, and its axes as a
+    2-d array: the layout makes room for titles and for an ``"outside"`` legend (:func:`_legend_outside`)."""
+    _plt()  # the theme
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False, **subplots)
+    return fig, axes
+
+
+def _legend_outside(fig, handles: list, labels: list[str], title: str | None = None, fontsize: float = 7):
+    """One legend right of every axes (``loc="outside right upper"``: the constrained layout shrinks the axes to
+    make room, so it never covers the data or a title), in columns of at most :data:`LEGEND_ROWS` entries."""
+    if not handles:
+        return None
+    ncols = max(1, math.ceil(len(handles) / LEGEND_ROWS))
+    return fig.legend(handles, labels, loc="outside right upper", fontsize=fontsize, frameon=False, ncols=ncols,
+                      title=title, title_fontsize=fontsize + 1)
+
+
+def _legend_height(entries: int) -> float:
+    """Inches a one-column legend of ``entries`` lines needs (the figure is made at least this tall)."""
+    return 0.17 * min(entries, LEGEND_ROWS) + 0.6
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    return path
+
+
+@dataclass(frozen=True)
+class ArmStyle:
+    series: str
+    level: str
+    color: tuple
+    marker: str
+
+
+def arm_styles(names: list[str]) -> dict[str, ArmStyle]:
+    """How every plot draws each arm: **colour = series, marker = level**.
+
+    An arm named ``<series>@<level>`` (the scorer family's ``entropy@tau=0.8``, guidance's ``stop_at@6``) is level
+    ``<level>`` of series ``<series>``; any other arm is a series of its own without a level (marker ``o``).
+    Series take distinct colours in the order they first appear (tab10's up to 10 series; tab20's dark then light
+    shades up to 20; evenly spaced hues beyond), levels take distinct markers in the order they first appear (the
+    same level has the same marker in every series; more than 15 levels reuse markers). The baseline is black."""
+    import seaborn as sns
+
+    parsed = {}
+    for name in names:
+        series = _series(name)
+        parsed[name] = series if series is not None else (name, "")
+    series_names = list(dict.fromkeys(s for n, (s, _) in parsed.items() if n != "baseline"))
+    count = len(series_names)
+    if count <= 10:
+        colors = sns.color_palette("tab10", max(count, 1))
+    elif count <= 20:
+        tab20 = sns.color_palette("tab20", 20)
+        colors = (tab20[0::2] + tab20[1::2])[:count]
+    else:
+        colors = sns.color_palette("husl", count)
+    color = dict(zip(series_names, (tuple(c) for c in colors)))
+    levels = list(dict.fromkeys(level for _, level in parsed.values() if level))
+    marker = {level: MARKERS[i % len(MARKERS)] for i, level in enumerate(levels)}
+    styles = {}
+    for name, (series, level) in parsed.items():
+        if name == "baseline":
+            styles[name] = ArmStyle("baseline", "", BASELINE_COLOR, "s")
+        else:
+            styles[name] = ArmStyle(series, level, color[series], marker[level] if level else "o")
+    return styles
+
+
+def _handle(style: ArmStyle, linestyle: str = "-"):
+    """A legend entry showing an arm's colour and marker."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], color=style.color, marker=style.marker, linestyle=linestyle, markersize=5)
+
+
 def _err(summ: dict | None) -> tuple[float, float, float]:
     if not summ or summ.get("mean") is None:
         return math.nan, 0.0, 0.0
@@ -480,142 +573,227 @@ def _err(summ: dict | None) -> tuple[float, float, float]:
     return m, max(0.0, m - lo) if math.isfinite(lo) else 0.0, max(0.0, hi - m) if math.isfinite(hi) else 0.0
 
 
+def _grid_shape(count: int, max_cols: int) -> tuple[int, int]:
+    cols = max(1, min(max_cols, count))
+    return math.ceil(count / cols), cols
 
-def _per_scale_lineplot(records: list[dict], key: str, path: Path, palette, ylabel: str, title: str) -> Path | None:
-    """One line per arm of ``metrics.per_scale[key]`` (per sample, per scale) with a 95 % CI over samples."""
-    import matplotlib.pyplot as plt
+
+def _drop_unused(axes, used: int) -> list:
+    """The first ``used`` axes of a grid (row-major); the rest are removed from the figure."""
+    flat = list(axes.flat)
+    for ax in flat[used:]:
+        ax.remove()
+    return flat[:used]
+
+
+def _label_grid(axes: list, ncols: int, xlabel: str, ylabel: str) -> None:
+    """Axis labels on the outer facets of a shared-axes grid: the x label and tick labels on every facet with no
+    facet below it (also above the removed cells of an incomplete last row), the y label on the first column."""
+    for i, ax in enumerate(axes):
+        bottom = i + ncols >= len(axes)
+        ax.set_xlabel(xlabel if bottom else "")
+        if bottom:
+            ax.xaxis.set_tick_params(labelbottom=True)
+        ax.set_ylabel(ylabel if i % ncols == 0 else "")
+
+
+def _panels(names: list[str], styles: dict[str, ArmStyle]) -> list[list[str]]:
+    """The arms packed into panels of at most :data:`MAX_LINES_PER_PANEL` curves in their order, the arms of one
+    series always in one panel (a series with more levels than that gets a panel of its own)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(styles[name].series, []).append(name)
+    panels: list[list[str]] = []
+    for members in groups.values():
+        if panels and len(panels[-1]) + len(members) <= MAX_LINES_PER_PANEL:
+            panels[-1].extend(members)
+        else:
+            panels.append(list(members))
+    return panels
+
+
+def per_scale_figure(records: list[dict], key: str, ylabel: str, title: str,
+                     styles: dict[str, ArmStyle] | None = None):
+    """``metrics.per_scale[key]`` (per sample, per scale) of every arm as a mean curve with a 95 % CI band over
+    samples, coloured by series, marked by level; the arms in panels of at most :data:`MAX_LINES_PER_PANEL`
+    curves (shared axes), the baseline (when it has the data) dashed in every panel as the reference. None
+    without data."""
     import pandas as pd
     import seaborn as sns
 
-    rows = [(r["arm"], i, s, v) for r in records
-            for i, values in enumerate(r["metrics"]["per_scale"].get(key) or [])
-            for s, v in enumerate(values) if v is not None]
+    frames = {}
+    for r in records:
+        rows = [(i, s, v) for i, values in enumerate(r["metrics"]["per_scale"].get(key) or [])
+                for s, v in enumerate(values) if v is not None]
+        if rows:
+            frames[r["arm"]] = (r, pd.DataFrame(rows, columns=["sample", "scale", key]))
+    if not frames:
+        return None
+    styles = styles or arm_styles(list(frames))
+    reference = next((n for n, (r, _) in frames.items() if r["role"] == "baseline"), None)
+    names = [n for n in frames if n != reference]
+    panels = _panels(names, styles) or [[]]
+    nrows, ncols = _grid_shape(len(panels), 3)
+    width = 4.0 * ncols + 2.4
+    height = max(3.2 * nrows + 0.7, _legend_height(len(frames)))
+    fig, axes = _figure(nrows, ncols, (width, height), sharex=True, sharey=True)
+    axes = _drop_unused(axes, len(panels))
+
+    def curve(ax, name, **kw):
+        sns.lineplot(frames[name][1], x="scale", y=key, errorbar=("ci", 95), seed=0, ax=ax, legend=False,
+                     color=styles[name].color, marker=styles[name].marker, label=name, **kw)
+
+    for ax, panel in zip(axes, panels):
+        if reference is not None:
+            curve(ax, reference, linestyle="--", linewidth=1.0)
+        for name in panel:
+            curve(ax, name)
+        ax.set_title(textwrap.fill(", ".join(dict.fromkeys(styles[n].series for n in panel)), 48), fontsize=8)
+    _label_grid(axes, ncols, "scale (0-indexed)", ylabel)
+    legend_names = ([reference] if reference is not None else []) + names
+    _legend_outside(fig, [_handle(styles[n], "--" if n == reference else "-") for n in legend_names], legend_names,
+                    title="arm (colour: series, marker: level)")
+    fig.suptitle(title)
+    return fig
+
+
+def speed_quality_figure(records: list[dict], styles: dict[str, ArmStyle] | None = None):
+    """Speedup (the interleaved one when an arm has it) against each quality metric, one point per arm with its
+    95 % CI bars; colour = series, marker = level; None without a non-baseline arm with quality numbers."""
+    arms = [r for r in records if r["role"] != "baseline"]
+    quality = [k for k in ("psnr_mean_mse", "fid_proxy", "class_correct") if any(_get(r["summary"], k) for r in arms)]
+    if not (arms and quality):
+        return None
+    styles = styles or arm_styles([r["arm"] for r in records])
+    fig, axes = _figure(1, len(quality), (4.6 * len(quality) + 2.4, max(4.0, _legend_height(len(records)))))
+    labels = {"psnr_mean_mse": "PSNR of the mean MSE vs baseline (dB)",
+              "fid_proxy": "FID-proxy vs baseline (lower is better)", "class_correct": "class accuracy"}
+    interleaved = any(_get(r["summary"], "speedup_interleaved") for r in arms)
+    shown: list[str] = []
+    for ax, key in zip(axes[0], quality):
+        for r in records:
+            if r["role"] == "baseline" and key in ("psnr_mean_mse", "fid_proxy"):
+                continue
+            speed_key = "speedup_interleaved" if _get(r["summary"], "speedup_interleaved") else "speedup"
+            x, xl, xh = _err(_get(r["summary"], speed_key)) if r["role"] != "baseline" else (1.0, 0, 0)
+            y, yl, yh = _err(_get(r["summary"], key))
+            if not (math.isfinite(x) and math.isfinite(y)):
+                continue
+            style = styles[r["arm"]]
+            ax.errorbar([x], [y], xerr=[[xl], [xh]], yerr=[[yl], [yh]], fmt=style.marker, capsize=3,
+                        color=style.color, label=r["arm"], alpha=0.85)
+            if r["arm"] not in shown:
+                shown.append(r["arm"])
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("speedup vs baseline (x" + (", interleaved timing)" if interleaved else ")"))
+        ax.set_ylabel(labels[key])
+    shown.sort(key=[r["arm"] for r in records].index)
+    _legend_outside(fig, [_handle(styles[n], "none") for n in shown], shown,
+                    title="arm (colour: series, marker: level)")
+    fig.suptitle(f"speed vs quality ({records[0]['family']}, n={records[0]['samples']['n']}, 95% CI)")
+    return fig
+
+
+MAX_CLASS_HUE = 10  # more classes than this: the activation histogram pools them (one bar per scale)
+
+
+def activation_figure(records: list[dict]):
+    """NOVA Fig. 8: the first accelerated scale of each sample, one facet per arm that has it (every such arm, in
+    a grid sized to their count; shared axes), bars by class up to :data:`MAX_CLASS_HUE` classes, pooled beyond.
+    None when no arm records an activation scale."""
+    import seaborn as sns
+
+    data: dict[str, list[tuple[int, int]]] = {}
+    for r in records:
+        if r["role"] == "baseline":
+            continue
+        act = r["metrics"].get("activation_scale")
+        if not act or all(a is None for a in act):
+            continue
+        data[r["arm"]] = [(int(label), int(a)) for label, a in zip(r["metrics"]["label"], act) if a is not None]
+    if not data:
+        return None
+    classes = sorted({c for pairs in data.values() for c, _ in pairs})
+    by_class = len(classes) <= MAX_CLASS_HUE
+    groups = classes if by_class else [None]
+    colors = dict(zip(groups, sns.color_palette("tab10", max(len(groups), 1))))
+    scales = [a for pairs in data.values() for _, a in pairs]
+    ticks = list(range(min(scales), max(scales) + 1))
+    nrows, ncols = _grid_shape(len(data), 4)
+    legend_h = _legend_height(len(groups)) if by_class else 0
+    fig, axes = _figure(nrows, ncols, (3.6 * ncols + (1.4 if by_class else 0.4), max(2.6 * nrows + 0.8, legend_h)),
+                        sharex=True, sharey=True)
+    axes = _drop_unused(axes, len(data))
+    width = 0.8 / len(groups)
+    num_scales = records[0].get("model", {}).get("num_scales")
+    for ax, (arm, pairs) in zip(axes, data.items()):
+        for j, group in enumerate(groups):
+            counts = [sum(1 for c, a in pairs if a == t and (group is None or c == group)) for t in ticks]
+            ax.bar([t - 0.4 + (j + 0.5) * width for t in ticks], counts, width=width, color=colors[group],
+                   label="all classes" if group is None else str(group))
+        ax.set_title(arm, fontsize=8)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(["never" if t == num_scales else str(t) for t in ticks])
+    _label_grid(axes, ncols, "activation scale", "samples")
+    if by_class:
+        from matplotlib.patches import Patch
+
+        _legend_outside(fig, [Patch(color=colors[g]) for g in groups], [str(g) for g in groups], title="class")
+    fig.suptitle("first accelerated scale per sample, " + ("by class" if by_class else
+                                                            f"all {len(classes)} classes pooled")
+                 + " (never = number of scales)")
+    return fig
+
+
+def latency_breakdown_figure(records: list[dict]):
+    """One stacked bar per arm (all of them, the figure as tall as they need) of the profiler's self time per
+    component; colour = component, legend outside. None without breakdowns."""
+    import pandas as pd
+
+    rows = [(r["arm"], comp, ms) for r in records
+            for comp, ms in (r["timing"].get("breakdown_ms_per_image") or {}).items()]
     if not rows:
         return None
-    df = pd.DataFrame(rows, columns=["arm", "sample", "scale", key])
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    sns.lineplot(df, x="scale", y=key, hue="arm", errorbar=("ci", 95), seed=0, marker="o", ax=ax, palette=palette)
-    ax.set_xlabel("scale (0-indexed)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    df = pd.DataFrame(rows, columns=["arm", "component", "ms"])
+    pivot = df.pivot_table(index="arm", columns="component", values="ms", aggfunc="sum", fill_value=0.0)
+    pivot = pivot.reindex([r["arm"] for r in records if r["arm"] in pivot.index])
+    pivot = pivot[pivot.sum().sort_values(ascending=False).index]
+    fig, axes = _figure(1, 1, (9, max(0.3 * len(pivot) + 1.8, _legend_height(pivot.shape[1]))))
+    ax = axes[0][0]
+    pivot.plot(kind="barh", stacked=True, ax=ax, colormap="tab20", width=0.75, legend=False)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per image (self time of the profiler's spans)")
+    ax.set_ylabel("arm")
+    handles, names = ax.get_legend_handles_labels()
+    _legend_outside(fig, handles, names, title="component", fontsize=6)
+    fig.suptitle("latency breakdown per component")
+    return fig
 
 
 def write_plots(out_dir: Path, records: list[dict]) -> dict[str, Path]:
     """speed-quality scatter, entropy per scale, activation-scale histogram per class, token agreement,
     latency breakdown, quality vs FLOPs per series of arms, and the plots of the family's analysis (if any)."""
-    import pandas as pd
-
-    plt, sns = _plt()
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, Path] = {}
     arms = [r for r in records if r["role"] != "baseline"]
-    palette = dict(zip([r["arm"] for r in records], sns.color_palette("tab10", max(3, len(records)))))
-
-    # 1. speed vs quality with CI bars
-    quality = [k for k in ("psnr_mean_mse", "fid_proxy", "class_correct") if any(_get(r["summary"], k) for r in arms)]
-    if arms and quality:
-        fig, axes = plt.subplots(1, len(quality), figsize=(4.6 * len(quality), 3.8), squeeze=False)
-        labels = {"psnr_mean_mse": "PSNR of the mean MSE vs baseline (dB)",
-                  "fid_proxy": "FID-proxy vs baseline (lower is better)", "class_correct": "class accuracy"}
-        for ax, key in zip(axes[0], quality):
-            for r in records:
-                speed_key = "speedup_interleaved" if _get(r["summary"], "speedup_interleaved") else "speedup"
-                x, xl, xh = _err(_get(r["summary"], speed_key)) if r["role"] != "baseline" else (1.0, 0, 0)
-                y, yl, yh = _err(_get(r["summary"], key))
-                if r["role"] == "baseline" and key in ("psnr_mean_mse", "fid_proxy"):
-                    continue
-                if not (math.isfinite(x) and math.isfinite(y)):
-                    continue
-                ax.errorbar([x], [y], xerr=[[xl], [xh]], yerr=[[yl], [yh]], fmt="s" if r["role"] == "baseline"
-                            else "o", capsize=3, color=palette[r["arm"]], label=r["arm"], alpha=0.85)
-            ax.axvline(1.0, color="grey", lw=0.8, ls="--")
-            interleaved = any(_get(r["summary"], "speedup_interleaved") for r in arms)
-            ax.set_xlabel("speedup vs baseline (x" + (", interleaved timing)" if interleaved else ")"))
-            ax.set_ylabel(labels[key])
-        fig.suptitle(f"speed vs quality ({records[0]['family']}, n={records[0]['samples']['n']}, 95% CI)")
-        handles, names = {}, []
-        for ax in axes[0]:
-            for handle, name in zip(*ax.get_legend_handles_labels()):
-                if name not in handles:
-                    handles[name] = handle
-                    names.append(name)
-        fig.tight_layout(rect=(0, 0, 0.88, 1))
-        fig.legend([handles[n] for n in names], names, loc="center right", fontsize=7, frameon=False)
-        paths["speed_quality"] = plots_dir / "speed_quality.png"
-        fig.savefig(paths["speed_quality"], dpi=130)
-        plt.close(fig)
-
-    # 2. per-scale entropy curves
-    path = _per_scale_lineplot(records, "entropy", plots_dir / "entropy_per_scale.png", palette,
-                               "mean predictive entropy (nats / token)",
-                               "per-scale entropy of the sampled distribution (95% CI over samples)")
-    if path is not None:
-        paths["entropy_per_scale"] = path
-
-    # 3. activation scale per class (NOVA Figure 8)
-    rows = []
-    for r in arms:
-        act = r["metrics"].get("activation_scale")
-        if not act or all(a is None for a in act):
-            continue
-        for label, a in zip(r["metrics"]["label"], act):
-            if a is not None:
-                rows.append((r["arm"], int(label), int(a)))
-    if rows:
-        df = pd.DataFrame(rows, columns=["arm", "class", "activation scale"])
-        varying = [a for a in df["arm"].unique() if df[df["arm"] == a]["activation scale"].nunique() > 1]
-        show = varying or list(df["arm"].unique())
-        show = show[:6]
-        df = df[df["arm"].isin(show)]
-        grid = sns.displot(df, x="activation scale", hue="class", col="arm", col_wrap=min(3, len(show)),
-                           multiple="dodge", discrete=True, shrink=0.8, palette="tab10", height=3, aspect=1.3)
-        grid.set_titles("{col_name}")
-        num_scales = records[0].get("model", {}).get("num_scales")
-        lo, hi = int(df["activation scale"].min()), int(df["activation scale"].max())
-        ticks = list(range(lo, hi + 1))
-        for ax in grid.axes.flat:
-            ax.set_xticks(ticks)
-            ax.set_xticklabels(["never" if t == num_scales else str(t) for t in ticks])
-        grid.figure.suptitle("first accelerated scale per sample, by class (never = number of scales)", y=1.02)
-        paths["activation_histogram"] = plots_dir / "activation_histogram.png"
-        grid.figure.savefig(paths["activation_histogram"], dpi=130, bbox_inches="tight")
-        plt.close(grid.figure)
-
-    # 4. token agreement per scale
-    path = _per_scale_lineplot(arms, "token_agreement", plots_dir / "token_agreement.png", palette,
-                               "fraction of tokens equal to the baseline",
-                               "token agreement with the baseline per scale (95% CI)")
-    if path is not None:
-        paths["token_agreement"] = path
-
-    # 5. latency breakdown
-    rows = [(r["arm"], comp, ms) for r in records
-            for comp, ms in (r["timing"].get("breakdown_ms_per_image") or {}).items()]
-    if rows:
-        df = pd.DataFrame(rows, columns=["arm", "component", "ms"])
-        pivot = df.pivot_table(index="arm", columns="component", values="ms", aggfunc="sum", fill_value=0.0)
-        pivot = pivot.reindex([r["arm"] for r in records if r["arm"] in pivot.index])
-        pivot = pivot[pivot.sum().sort_values(ascending=False).index]
-        fig, ax = plt.subplots(figsize=(9, 0.45 * len(pivot) + 1.8))
-        pivot.plot(kind="barh", stacked=True, ax=ax, colormap="tab20", width=0.75)
-        ax.invert_yaxis()
-        ax.set_xlabel("ms per image (self time of the profiler's spans)")
-        ax.legend(fontsize=6, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-        ax.set_title("latency breakdown per component")
-        fig.tight_layout()
-        paths["latency_breakdown"] = plots_dir / "latency_breakdown.png"
-        fig.savefig(paths["latency_breakdown"], dpi=130)
-        plt.close(fig)
-
-    # 6. quality vs FLOPs per series of arms (e.g. each scorer at several pruning levels), the analyses' figures
-    path = plot_quality_vs_flops(records, plots_dir / "quality_vs_flops.png")
-    if path is not None:
-        paths["quality_vs_flops"] = path
+    styles = arm_styles([r["arm"] for r in records])  # one colour / marker per arm in every plot
+    figures = {
+        "speed_quality": lambda: speed_quality_figure(records, styles),
+        "entropy_per_scale": lambda: per_scale_figure(
+            records, "entropy", "mean predictive entropy (nats / token)",
+            "per-scale entropy of the sampled distribution (95% CI over samples; dashed: baseline)", styles),
+        "activation_histogram": lambda: activation_figure(records),
+        "token_agreement": lambda: per_scale_figure(
+            arms, "token_agreement", "fraction of tokens equal to the baseline",
+            "token agreement with the baseline per scale (95% CI over samples)", styles),
+        "latency_breakdown": lambda: latency_breakdown_figure(records),
+        "quality_vs_flops": lambda: quality_vs_flops_figure(records, styles),
+    }
+    paths: dict[str, Path] = {}
+    for name, build in figures.items():
+        fig = build()
+        if fig is not None:
+            paths[name] = _save(fig, plots_dir / f"{name}.png")
     paths.update(write_analysis_plots(out_dir, plots_dir))
     return paths
 
@@ -629,11 +807,10 @@ def _series(name: str) -> tuple[str, str] | None:
     return head, tail
 
 
-def plot_quality_vs_flops(records: list[dict], path: Path) -> Path | None:
+def quality_vs_flops_figure(records: list[dict], styles: dict[str, ArmStyle] | None = None):
     """Quality against the analytic FLOPs ratio, one line per series of arms (``<series>@<level>``: e.g. a scorer at
-    several pruning levels), 95 % CI bars; arms outside a series are single points (the baseline, at 1, is left
-    out so the curves keep the scale)."""
-    plt, sns = _plt()
+    several pruning levels; colour = series, marker = level), 95 % CI bars; arms outside a series are single
+    points (the baseline, at 1, is left out so the curves keep the scale). None without a series of two points."""
     metrics = [(k, label) for k, label in (("ssim", "SSIM vs baseline"), ("token_agreement", "token agreement"),
                                            ("class_correct", "class accuracy"))
                if any(_get(r["summary"], k) for r in records if r["role"] != "baseline")]
@@ -644,32 +821,39 @@ def plot_quality_vs_flops(records: list[dict], path: Path) -> Path | None:
         flops = _get(r["summary"], "flops_ratio")
         if flops is None or flops.get("mean") is None:
             continue
-        series = _series(r["arm"])
-        points.append((series[0] if series else r["arm"], series[1] if series else "", flops["mean"], r))
+        points.append((flops["mean"], r))
+    styles = styles or arm_styles([r["arm"] for _, r in points])
     groups: dict[str, list] = {}
-    for name, level, x, r in points:
-        groups.setdefault(name, []).append((x, level, r))
+    for x, r in points:
+        groups.setdefault(styles[r["arm"]].series, []).append((x, r))
     if not metrics or not any(len(v) >= 2 for v in groups.values()):
         return None
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.2), squeeze=False)
-    colors = dict(zip(groups, sns.color_palette("tab10", max(3, len(groups)))))
+    names = [r["arm"] for _, r in points]
+    fig, axes = _figure(1, len(metrics), (5.2 * len(metrics) + 2.4, max(4.2, _legend_height(len(names)))))
     for ax, (key, label) in zip(axes[0], metrics):
-        for name, pts in groups.items():
+        for series, pts in groups.items():
             pts = sorted(pts, key=lambda p: p[0])
-            ys = [_err(_get(r["summary"], key)) for _, _, r in pts]
-            xs = [p[0] for p in pts]
-            ax.errorbar(xs, [y[0] for y in ys], yerr=[[y[1] for y in ys], [y[2] for y in ys]], fmt="-o" if len(pts) > 1
-                        else "o", capsize=3, color=colors[name], label=name, alpha=0.85, ms=4)
+            ys = [_err(_get(r["summary"], key)) for _, r in pts]
+            if len(pts) > 1:
+                ax.plot([p[0] for p in pts], [y[0] for y in ys], "-", color=styles[pts[0][1]["arm"]].color,
+                        alpha=0.6, lw=1)
+            for (x, r), (y, yl, yh) in zip(pts, ys):
+                style = styles[r["arm"]]
+                ax.errorbar([x], [y], yerr=[[yl], [yh]], fmt=style.marker, capsize=3, color=style.color,
+                            label=r["arm"], alpha=0.85, ms=5)
         ax.set_xlabel("FLOPs ratio vs baseline (analytic)")
         ax.set_ylabel(label)
+    _legend_outside(fig, [_handle(styles[n], "none") for n in names], names,
+                    title="arm (colour: series, marker: level)")
     family = records[0].get("family", "") if records else ""
     fig.suptitle(f"quality vs FLOPs per series ({family}; arms named series@level; 95% CI)")
-    handles, names = axes[0][0].get_legend_handles_labels()
-    fig.tight_layout(rect=(0, 0, 0.85, 1))
-    fig.legend(handles, names, loc="center right", fontsize=7, frameon=False)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def plot_quality_vs_flops(records: list[dict], path: Path) -> Path | None:
+    """:func:`quality_vs_flops_figure` saved to ``path`` (None: nothing to plot)."""
+    fig = quality_vs_flops_figure(records)
+    return None if fig is None else _save(fig, path)
 
 
 def plot_layer_entropy(data: dict, path: Path) -> Path | None:
@@ -708,22 +892,21 @@ def plot_gamma(data: dict, path: Path) -> Path | None:
     rows = [(i, k, g) for i, row in enumerate(data.get("gamma") or []) for k, g in enumerate(row) if g is not None]
     if not rows:
         return None
-    plt, sns = _plt()
+    _, sns = _plt()
     df = pd.DataFrame(rows, columns=["sample", "scale", "gamma"])
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    fig, axes = _figure(1, 1, (7.6, 4))
+    ax = axes[0][0]
     for _, part in df.groupby("sample"):
         ax.plot(part["scale"], part["gamma"], color="grey", lw=0.6, alpha=0.4)
-    sns.lineplot(df, x="scale", y="gamma", errorbar=("ci", 95), seed=0, marker="o", ax=ax, color="C0", label="mean")
+    sns.lineplot(df, x="scale", y="gamma", errorbar=("ci", 95), seed=0, marker="o", ax=ax, color="C0", label="mean",
+                 legend=False)
     if data.get("delta") is not None:
         ax.axhline(data["delta"], color="C3", ls="--", lw=1, label=f"SATS delta = {data['delta']:g}")
     ax.set_xlabel("scale (0-indexed)")
     ax.set_ylabel("guidance discrepancy gamma_k")
     ax.set_title(f"cond/uncond discrepancy per scale ({len(data['gamma'])} samples, plain model)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    _legend_outside(fig, *ax.get_legend_handles_labels())
+    return _save(fig, path)
 
 
 def plot_criterion_iou(data: dict, path: Path) -> Path | None:
@@ -731,9 +914,10 @@ def plot_criterion_iou(data: dict, path: Path) -> Path | None:
     rows = data.get("summary") or []
     if not rows:
         return None
-    plt, sns = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    _, sns = _plt()
     names = list(dict.fromkeys(r["criterion"] for r in rows))
+    fig, axes = _figure(1, 1, (7.6, max(4.0, _legend_height(len(names)))))
+    ax = axes[0][0]
     colors = dict(zip(names, sns.color_palette("tab10", max(3, len(names)))))
     for name in names:
         part = sorted((r for r in rows if r["criterion"] == name), key=lambda r: r["rate"])
@@ -743,11 +927,8 @@ def plot_criterion_iou(data: dict, path: Path) -> Path | None:
     ax.set_xlabel("pruning rate")
     ax.set_ylabel("IoU with the changing tokens")
     ax.set_title(f"kept set vs decoded change |I_k - I_k-1| (scales {data.get('scales')}, 95% CI)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    _legend_outside(fig, *ax.get_legend_handles_labels(), title="criterion")
+    return _save(fig, path)
 
 
 def plot_rho_calibration(data: dict, path: Path) -> Path | None:
@@ -759,12 +940,14 @@ def plot_rho_calibration(data: dict, path: Path) -> Path | None:
     rows = [(i, k, r) for i, row in enumerate(table.get("rho") or []) for k, r in enumerate(row) if r is not None]
     if not rows:
         return None
-    plt, sns = _plt()
+    _, sns = _plt()
     df = pd.DataFrame(rows, columns=["sample", "scale", "rho"])
-    fig, (ax, hx) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = _figure(1, 2, (12, 4))
+    ax, hx = axes[0]
     for _, part in df.groupby("sample"):
         ax.plot(part["scale"], part["rho"], color="grey", lw=0.6, alpha=0.4)
-    sns.lineplot(df, x="scale", y="rho", errorbar=("ci", 95), seed=0, marker="o", ax=ax, color="C0", label="mean")
+    sns.lineplot(df, x="scale", y="rho", errorbar=("ci", 95), seed=0, marker="o", ax=ax, color="C0", label="mean",
+                 legend=False)
     stars = calib.get("rho_star") or []
     at = calib.get("star_scale") or calib.get("good_depth") or []
     ax.scatter([g for g, s in zip(at, stars) if s is not None], [s for s in stars if s is not None], color="C2",
@@ -775,18 +958,15 @@ def plot_rho_calibration(data: dict, path: Path) -> Path | None:
             hx.axvline(value, color=color, ls="--", lw=1, label=f"{name} = {value:.2f}")
     ax.set_xlabel("scale (0-indexed)")
     ax.set_ylabel("rho_s (share of below-mean-entropy tokens)")
-    ax.legend(fontsize=7)
     values = [s for s in stars if s is not None]
     if values:
         hx.hist(values, bins=min(20, max(5, len(values) // 2)), color="C2", alpha=0.7)
     hx.set_xlabel("rho* (at each sample's good depth)")
     hx.set_ylabel("samples")
-    hx.legend(fontsize=7)
+    handles, labels = ax.get_legend_handles_labels()  # the lines of the histogram repeat the curve's labels
+    _legend_outside(fig, handles, labels)
     fig.suptitle(f"ToProVAR tau calibration ({len(table.get('rho') or [])} samples, rho from {table.get('source')})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 ANALYSIS_PLOTS = {  # analysis file -> (plot name, plot function)
