@@ -18,7 +18,7 @@ import torch
 from var_core.accel.policy import AccelPolicy, PolicyConfig, build_policy
 from var_core.engine.adapters.base import row_slice_after_drop
 from var_core.engine.context import GenerationInfo, GuidanceMode, ScaleContext, ScaleRecord
-from var_core.engine.policy import TokenSelection
+from var_core.engine.policy import ProjectedTokens, TokenSelection
 from var_core.engine.tracing import NULL_TRACER
 
 from .flops import ArchSpec, count_record_flops, dense_records
@@ -26,9 +26,9 @@ from .flops import ArchSpec, count_record_flops, dense_records
 # components whose decisions never read generated data
 FIXED_COMPONENTS = {
     "activation": ("never", "fixed"),
-    "schedule": ("fixed_table",),
+    "schedule": ("fixed_table", "rank_table"),
     "guidance": ("full", "stop_at", "null_late"),
-    "skip": ("none", "skip_last"),
+    "skip": ("none", "skip_last", "skip_widths"),
 }
 
 
@@ -80,6 +80,8 @@ def planned_records(config: PolicyConfig, arch: ArchSpec, batch_size: int = 1,
                     selection = policy.plan_block(ctx, block, branch, x_RNC) if plan.prune else None
                     if isinstance(selection, TokenSelection):
                         selection = selection.index_Rn
+                    elif isinstance(selection, ProjectedTokens):  # the chunk's blocks run on its r tokens
+                        selection = selection.positions_Rr
                     counts.append(N if selection is None else int(selection.shape[1]))
                 kept.append(tuple(counts))
             record = ScaleRecord(si, hw, skipped=False, guidance=guidance, kept_tokens=tuple(kept))

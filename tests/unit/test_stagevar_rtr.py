@@ -79,7 +79,7 @@ def _run(adapter, config):
 
 
 def test_one_selection_per_chunk(deep_adapter):
-    capture = _run(deep_adapter, get_preset("stagevar"))
+    capture = _run(deep_adapter, get_preset("stagevar_sampled"))
     K = deep_adapter.num_scales
     pruned = list(range(K - 3, K))
     assert sorted(set(capture.scored)) == [(si, b) for si in pruned for b in range(0, DEPTH, 2)]
@@ -96,7 +96,7 @@ def _area(y_RNC: torch.Tensor, src: tuple[int, int], dst: tuple[int, int]) -> to
 
 
 def test_pruned_tokens_take_the_previous_scale_chunk_output(deep_adapter):
-    capture = _run(deep_adapter, get_preset("stagevar"))
+    capture = _run(deep_adapter, get_preset("stagevar_sampled"))
     K, B, hw = deep_adapter.num_scales, 2, deep_adapter.scale_hw
     checked = 0
     for si in range(K - 3, K):
@@ -121,7 +121,7 @@ def test_pruned_tokens_take_the_previous_scale_chunk_output(deep_adapter):
 
 
 def test_block_granularity_restores_every_block(deep_adapter):
-    capture = _run(deep_adapter, dataclasses.replace(get_preset("stagevar"), granularity="block"))
+    capture = _run(deep_adapter, dataclasses.replace(get_preset("stagevar_sampled"), granularity="block"))
     K, B, hw = deep_adapter.num_scales, 2, deep_adapter.scale_hw
     si, block = K - 1, 4
     assert (si, 5) in set(capture.scored)  # every block selects
@@ -136,8 +136,8 @@ def test_chunk_granularity_rejects_exemptions_that_cut_a_chunk(deep_adapter):
     from var_core.engine.loop import generation_info
 
     info = generation_info(deep_adapter, 2, GuidanceMode.BOTH)
-    cut = build_policy(dataclasses.replace(get_preset("stagevar"), exempt_first_blocks=1))
+    cut = build_policy(dataclasses.replace(get_preset("stagevar_sampled"), exempt_first_blocks=1))
     with pytest.raises(ValueError, match="cut a chunk"):
         cut.check_model(info)
-    build_policy(dataclasses.replace(get_preset("stagevar"), exempt_first_blocks=2, exempt_last_blocks=4)
+    build_policy(dataclasses.replace(get_preset("stagevar_sampled"), exempt_first_blocks=2, exempt_last_blocks=4)
                  ).check_model(info)

@@ -121,6 +121,10 @@ EXPECTED_SPACES = {
         ("restorer.interpolation", "categorical", None, None, False, ("area", "bilinear", "nearest"), "area"),
         ("guidance.count", "int", 1, 4, False, None, 3),
     ],
+    "stagevar_sampled": [  # stagevar's generic config (its VAR / HART setting) under its own name
+        ("restorer.interpolation", "categorical", None, None, False, ("area", "bilinear", "nearest"), "area"),
+        ("guidance.count", "int", 1, 4, False, None, 3),
+    ],
 }
 
 

@@ -69,19 +69,30 @@ class Signals:
         return ent.view(ent.shape[0], h, w)
 
 
-BLOCK_CHUNKS = 8  # Infinity's block_chunks: the model's blocks in 8 groups of consecutive blocks (StageVAR's unit)
+BLOCK_CHUNKS = 8  # chunks of a model without its own (Infinity-2B's block_chunks: 8 groups of consecutive blocks)
 
 
-def block_chunk(block: int, num_blocks: int) -> int:
-    """Index of the chunk holding ``block`` when the ``num_blocks`` blocks are split into :data:`BLOCK_CHUNKS`
-    groups of consecutive blocks (``L/8`` each when 8 divides ``L``, as in Infinity; otherwise sizes differ by at
-    most one; with fewer than 8 blocks every block is its own chunk)."""
-    return block * BLOCK_CHUNKS // max(num_blocks, 1)
+def block_chunk(block: int, num_blocks: int, chunks: int | None = None) -> int:
+    """Index of the chunk holding ``block`` when the ``num_blocks`` blocks are split into ``chunks`` groups of
+    consecutive blocks (StageVAR's unit). ``chunks``: the model's own count (``GenerationInfo.block_chunks``,
+    Infinity's ``block_chunks``: 8 on the 2B, 2 on the tiny fixtures); None = :data:`BLOCK_CHUNKS` (``L/8`` each
+    when 8 divides ``L``; otherwise sizes differ by at most one; with fewer than 8 blocks every block is its own
+    chunk)."""
+    count = BLOCK_CHUNKS if chunks is None else chunks
+    return block * count // max(num_blocks, 1)
 
 
-def ends_block_chunk(block: int, num_blocks: int) -> bool:
+def ends_block_chunk(block: int, num_blocks: int, chunks: int | None = None) -> bool:
     """Whether ``block`` is the last block of its chunk (:func:`block_chunk`)."""
-    return block == num_blocks - 1 or block_chunk(block + 1, num_blocks) != block_chunk(block, num_blocks)
+    return block == num_blocks - 1 or block_chunk(block + 1, num_blocks, chunks) != block_chunk(block, num_blocks,
+                                                                                                chunks)
+
+
+def last_block_of_chunk(block: int, num_blocks: int, chunks: int | None = None) -> int:
+    """The last block of the chunk holding ``block``."""
+    while not ends_block_chunk(block, num_blocks, chunks):
+        block += 1
+    return block
 
 
 @dataclass(frozen=True)
@@ -200,6 +211,22 @@ class Restorer(Component):
                 keep_Rn: torch.Tensor, x_RNC: torch.Tensor, signals: Signals) -> torch.Tensor:
         raise NotImplementedError
 
+    def projects_chunks(self) -> bool:
+        """Whether a pruned block chunk runs on tokens this restorer builds (:meth:`project`) instead of on kept
+        tokens (``granularity='chunk'`` only)."""
+        return False
+
+    def project(self, ctx: ScaleContext, block: int, weights_RN: torch.Tensor, count: int, x_RNC: torch.Tensor,
+                signals: Signals):
+        """A :class:`~var_core.engine.policy.ProjectedTokens` run of ``count`` tokens for the chunk starting at
+        ``block`` (``weights_RN``: the scorer's output), when :meth:`projects_chunks`."""
+        raise NotImplementedError
+
+    def restore_projected(self, ctx: ScaleContext, block: int, state_RrC: torch.Tensor, run,
+                          x_RNC: torch.Tensor, signals: Signals) -> torch.Tensor:
+        """The full hidden state after a projected run (:meth:`project`) ended at ``block``."""
+        raise NotImplementedError
+
     def latent_mask(self, ctx: ScaleContext, signals: Signals) -> torch.Tensor | None:
         """bool ``[B, N]``: tokens whose sampled residual enters the latent at this scale (None: all of them)."""
         return None
@@ -216,6 +243,10 @@ KEEP_GUIDANCE = GuidanceDecision()
 
 class Guidance(Component):
     """Classifier-free guidance policy: which CFG halves are computed and used at each scale."""
+
+    def initial_mode(self, mode: GuidanceMode) -> GuidanceMode:
+        """The rows to start with, given ``mode`` (what the sampling settings need); default: ``mode``."""
+        return mode
 
     def decide(self, ctx: ScaleContext, signals: Signals) -> GuidanceDecision:
         return KEEP_GUIDANCE

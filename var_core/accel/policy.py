@@ -170,14 +170,14 @@ class AccelPolicy(Policy):
     def check_model(self, info: GenerationInfo) -> None:
         """Raise ``ValueError`` naming the component if any part cannot run on the model ``info`` describes."""
         self.resolve_for(info)
-        self._check_chunk_exemptions(info.num_blocks)
+        self._check_chunk_exemptions(info.num_blocks, info.block_chunks)
         for kind, part in self.parts.items():
             try:
                 part.check_model(info)
             except ValueError as exc:
                 raise ValueError(f"{kind} {type(part).__name__}: {exc}") from None
 
-    def _check_chunk_exemptions(self, num_blocks: int) -> None:
+    def _check_chunk_exemptions(self, num_blocks: int, chunks: int | None = None) -> None:
         """With ``granularity='chunk'`` a chunk is pruned whole or not at all: an exempt block inside a pruned
         chunk would read the stale pruned slots its chunk leaves for the restore at the chunk's end."""
         cfg = self.config
@@ -187,17 +187,23 @@ class AccelPolicy(Policy):
         first, last = cfg.exempt_first_blocks, min(end, num_blocks - cfg.exempt_last_blocks)
         if first >= last:
             return
-        starts_chunk = first == 0 or block_chunk(first - 1, num_blocks) != block_chunk(first, num_blocks)
-        if not (starts_chunk and ends_block_chunk(last - 1, num_blocks)):
+        starts_chunk = first == 0 or block_chunk(first - 1, num_blocks, chunks) != block_chunk(first, num_blocks,
+                                                                                              chunks)
+        if not (starts_chunk and ends_block_chunk(last - 1, num_blocks, chunks)):
             raise ValueError(
                 f"granularity='chunk' prunes whole block chunks, but the pruned blocks {first}..{last - 1} of "
-                f"{num_blocks} cut a chunk (chunks: {[block_chunk(b, num_blocks) for b in range(num_blocks)]}); "
+                f"{num_blocks} cut a chunk (chunks: {[block_chunk(b, num_blocks, chunks) for b in range(num_blocks)]}); "
                 f"align exempt_first_blocks / exempt_last_blocks / pruned_blocks_end with chunk boundaries or use "
                 f"granularity='block'")
 
+    def initial_guidance(self, mode):
+        """The guidance component's choice (of the config in force: a per-model preset is resolved only at
+        ``start``, so its generic config's guidance decides here)."""
+        return self.guidance.initial_mode(mode)
+
     def start(self, info: GenerationInfo) -> None:
         self.resolve_for(info)
-        self._check_chunk_exemptions(info.num_blocks)
+        self._check_chunk_exemptions(info.num_blocks, info.block_chunks)
         self.signals = Signals(info, chunked_selection=self.config.granularity == "chunk")
         self._tracer = info.tracer
         self.history = []
@@ -246,12 +252,16 @@ class AccelPolicy(Policy):
             return None
         if cfg.pruned_blocks_end is not None and block >= cfg.pruned_blocks_end:
             return None
-        key = block_chunk(block, ctx.num_blocks) if cfg.granularity == "chunk" else block
+        chunked = cfg.granularity == "chunk"
+        key = block_chunk(block, ctx.num_blocks, self.signals.info.block_chunks) if chunked else block
         if cfg.granularity != "branch" and key in self._block_selection:
             return self._block_selection[key]
         with self._span("scorer", ctx.scale_index, block):
             scores = self.scorer.score(ctx, block, branch, x_RNC, self.signals)
-        selection = self._select(ctx, block, branch, scores, x_RNC.shape[0])
+        if chunked and self.restorer.projects_chunks():
+            selection = self._project(ctx, block, branch, scores, x_RNC)
+        else:
+            selection = self._select(ctx, block, branch, scores, x_RNC.shape[0])
         if cfg.granularity != "branch":
             self._block_selection[key] = selection
         return selection
@@ -279,6 +289,32 @@ class AccelPolicy(Policy):
         if n_max >= N and bool((counts >= N).all()):
             return None
         return top_tokens(scores, counts, n_max)
+
+    def _project(self, ctx: ScaleContext, block: int, branch: str, scores: torch.Tensor, x_RNC: torch.Tensor):
+        """The chunk starting at ``block`` runs on tokens the restorer builds (a ProjectedTokens run), as many as
+        the schedule's count; None (dense) where the schedule keeps everything or no sample is active."""
+        rows, N = x_RNC.shape[0], ctx.num_tokens
+        scores = scores.float()
+        if scores.shape[0] != rows:
+            scores = scores.repeat(rows // scores.shape[0], 1)
+        with self._span("schedule", ctx.scale_index, block):
+            counts = self.schedule.keep_counts(ctx, block, branch, scores, self.signals)
+        active = self._active_B
+        if counts is None or not bool(active.any()):
+            return None
+        if not bool(active.all()) or bool((counts != counts[0]).any()):
+            raise ValueError(f"scale {ctx.scale_index}, block {block}: a projected chunk runs every row on the same "
+                             f"number of tokens; got counts {counts.tolist()} with samples active "
+                             f"{active.tolist()} (use a fixed activation and a schedule with one count per scale)")
+        count = min(max(int(counts[0]), self.config.min_keep), N)
+        if count >= N:
+            return None
+        with self._span("restorer", ctx.scale_index, block):
+            return self.restorer.project(ctx, block, scores, count, x_RNC, self.signals)
+
+    def restore_projected(self, ctx, block, state_RrC, run, x_RNC):
+        with self._span("restorer", ctx.scale_index, block):
+            return self.restorer.restore_projected(ctx, block, state_RrC, run, x_RNC, self.signals)
 
     def observe_attention(self, ctx, block, probs_RHnL, keep_Rn):
         for part in self.parts.values():

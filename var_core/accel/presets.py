@@ -417,23 +417,10 @@ def skipvar() -> PolicyConfig:
     )
 
 
-@preset("stagevar")
-def stagevar() -> PolicyConfig:
-    """StageVAR, the null-condition + token-restoration part: the last 3 scales run on the unconditional rows only;
-    in each block chunk (L/8 consecutive blocks, Infinity's 8 chunks) tokens are sampled ∝‖x‖² at the chunk input,
-    the chunk runs on them, and the other tokens take the chunk's output at the previous scale (RTR).
-
-    As the released code does it (errata 8; sen-mao/FasterVAR): the refinement stage is the last 3 scales (40, 48,
-    64 of Infinity-1024), one selection per chunk (``granularity="chunk"``), the pruned tokens' state REPLACED by
-    the area-interpolated previous-scale chunk output (``previous_output``). Left out: the random-projection
-    low-rank features (offline rank tables per chunk; the kept share here is a flat 50 %, ours) and the released
-    code's extra skip of the last two Infinity scales. Until git ``2f29048`` this preset selected per block and
-    added FastVAR-style cached branch outputs (``static_cache``); that reading stays available as
-    ``dataclasses.replace(get_preset("stagevar"), granularity="block").replace_component("restorer", "static_cache",
-    cache_scale=-4, refresh="latest")``.
-    """
+def _stagevar_sampled_tokens(name: str) -> PolicyConfig:
+    """StageVAR as this preset read it until the released code was followed (see ``stagevar_sampled``)."""
     return PolicyConfig(
-        name="stagevar",
+        name=name,
         scorer=_c("scorer", "norm"),
         activation=_c("activation", "fixed", start_scale=-3),
         schedule=_c("schedule", "fixed_table", ratios=(0.5, 0.5, 0.5)),
@@ -442,6 +429,72 @@ def stagevar() -> PolicyConfig:
         cfg_rows="shared",
         granularity="chunk",
     )
+
+
+# the released StageVAR Infinity code: low rank at these widths, these widths not generated, the demo's alpha
+STAGEVAR_LOW_RANK_WIDTHS = (40, 48, 64)
+STAGEVAR_SKIPPED_WIDTHS = (48, 64)
+STAGEVAR_ALPHA = "0.96"
+
+
+@preset("stagevar", per_model=True)
+def stagevar(model: ModelKey | None = None) -> PolicyConfig:
+    """StageVAR (arXiv 2512.16483; code sen-mao/FasterVAR ``Infinity/``): the last 3 scales run on the
+    unconditional rows only; per block chunk, the chunk's tokens are replaced by fewer stand-ins and the others
+    take the chunk's output at the previous scale (RTR). Per family:
+
+    * **Infinity — the released code** (tested bit for bit against its goldens, ``official_stagevar_tiny``):
+      scales of width 48 and 64 are not generated (``skip_widths``; the image decodes from the codes summed up to
+      the 40×40 scale); ``cfg_list[-3:] = 0`` (``null_late``, count 3: the 40×40 scale runs on the unconditional
+      rows only, null text, KV cache cut to those rows, unguided logits); at widths 40/48/64 (so 40×40 only) each
+      of the checkpoint's own block chunks (``block_chunks``: 8 on the 2B) runs on ``r_b = int(ratio · N) + 1``
+      random projections ``Qᵀx`` (``rank_table``: the shipped tables, knob ``schedule.alpha``, the demo's
+      ``'0.96'``: r = 27, 219, 337, 401, 410, 317, 252, 306 of 1,600) with the RoPE of positions 0..r−1, their K/V
+      cached; representatives drawn ∝ ‖x_i‖² (``norm``, ``mode='probability'``, ``torch.multinomial``) and the
+      outputs scattered there over the area-resampled previous-scale chunk output (``previous_output``,
+      ``inputs='projection'``). Draws: ``restorer.draws='auto'`` = torch's global generator in the released order
+      (per chunk the multinomial, then the randn) when the run is in shared-generator mode — seed it with
+      ``torch.manual_seed`` right before the call to get the released result — and a per-(scale, chunk) seeded
+      generator with per-sample seeds (ours: batch-invariant). The demo's sampling (cfg 3, τ 0.5, top-k 900,
+      top-p 0.97) is the Infinity adapter's default. Not the released code: batches (the code runs B = 1; here
+      each row draws its own representatives from its own weights, one multinomial over the rows), and the
+      seeded draws.
+    * **VAR, HART — ours** (no released code; the rank tables are Infinity-2B statistics keyed on Infinity's
+      widths, HART has no 40-wide scale and its 48/64 scales are its last two): the earlier reading,
+      ``stagevar_sampled``: the last 3 scales on the unconditional rows, per chunk of ``L/8`` blocks a flat 50 %
+      of the tokens drawn ∝ ‖x‖² run at their own positions, RTR for the rest, no scale skipped. It is also the
+      generic config shown before a model is known.
+    """
+    if model is not None and model.family == "infinity":
+        return PolicyConfig(
+            name="stagevar",
+            scorer=_c("scorer", "norm", mode="probability"),
+            activation=_c("activation", "fixed", start_scale=0),  # the width table decides where
+            schedule=_c("schedule", "rank_table", alpha=STAGEVAR_ALPHA, widths=STAGEVAR_LOW_RANK_WIDTHS),
+            restorer=_c("restorer", "previous_output", inputs="projection"),
+            guidance=_c("guidance", "null_late", count=3),
+            skip=_c("skip", "skip_widths", widths=STAGEVAR_SKIPPED_WIDTHS),
+            cfg_rows="shared",
+            granularity="chunk",
+            rank_bits=0,
+        )
+    return _stagevar_sampled_tokens("stagevar")
+
+
+@preset("stagevar_sampled")
+def stagevar_sampled() -> PolicyConfig:
+    """StageVAR, our earlier reading (not the released code), on every family: the last 3 scales run on the
+    unconditional rows only; per block chunk (``L/8`` blocks) a flat 50 % of the tokens, drawn ∝ ‖x‖², run at
+    their own positions and the others take the chunk's previous-scale output (RTR); all scales generated.
+
+    What differs from the released code (``stagevar`` on Infinity): the kept share (the code runs ``r_b`` random
+    projections from its offline rank tables, not 50 % of the tokens), the chunk input (projections ``Qᵀx`` at
+    positions 0..r−1 vs sampled tokens at their own positions), the 48/64 skip, the model's own chunks. Until git
+    ``2f29048`` this reading selected per block and added FastVAR-style cached branch outputs; that variant is
+    ``dataclasses.replace(get_preset("stagevar_sampled"), granularity="block").replace_component("restorer",
+    "static_cache", cache_scale=-4, refresh="latest")``.
+    """
+    return _stagevar_sampled_tokens("stagevar_sampled")
 
 
 set_per_model_resolver(resolve_config)

@@ -79,6 +79,11 @@ class GenerationInfo:
     guidance: GuidanceMode
     tracer: object  # a ``var_core.engine.tracing.Tracer``; components wrap their own work in its spans
     sampling: object = None  # the run's ``SamplingConfig`` (cfg, temperature, top-k/p) for components that need it
+    # the model's own grouping of its blocks into chunks (Infinity's ``block_chunks``); None = the model has none
+    block_chunks: int | None = None
+    # True when the loop draws from one generator for the whole batch (``generate(shared_generator=...)`` or no
+    # seeds: the official codes' behaviour); a component that draws may then use the same kind of source
+    shared_generator: bool = False
 
 
 @dataclass(frozen=True)

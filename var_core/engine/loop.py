@@ -17,7 +17,7 @@ from .adapters.base import ModelAdapter, row_slice_after_drop
 from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
 from .lens_probe import LensProbe
 from .packing import copy_padding_outputs, padding_sources
-from .policy import Policy, TokenSelection, gather_tokens
+from .policy import Policy, ProjectedTokens, TokenSelection, gather_tokens
 from .sampling import SamplingConfig
 from .tracing import NULL_TRACER, Tracer
 
@@ -73,11 +73,13 @@ def _make_generators(seeds: Sequence[int] | None, batch_size: int, device: torch
 
 @torch.inference_mode()
 def generation_info(adapter: ModelAdapter, batch_size: int, guidance: GuidanceMode, tracer: Tracer = NULL_TRACER,
-                    sampling: SamplingConfig | None = None) -> GenerationInfo:
+                    sampling: SamplingConfig | None = None, shared_generator: bool = False) -> GenerationInfo:
     """What ``Policy.start`` receives for a generation of ``batch_size`` samples on ``adapter`` (also used to
-    check a policy against a model before any generation)."""
+    check a policy against a model before any generation). ``block_chunks``: the adapter's optional attribute of
+    that name (the checkpoint's own grouping of its blocks, Infinity's ``block_chunks``), else None."""
     return GenerationInfo(batch_size, adapter.num_scales, adapter.num_blocks, adapter.branches, adapter.scale_hw,
-                          adapter.family, guidance, tracer, sampling)
+                          adapter.family, guidance, tracer, sampling, getattr(adapter, "block_chunks", None),
+                          shared_generator)
 
 
 def generate(
@@ -95,11 +97,14 @@ def generate(
     Args:
         conditions: class labels ``[B]`` (VAR) or prompts (Infinity), as the adapter expects.
         seeds: one seed per sample, so a sample's result does not depend on the batch it is generated in.
-        shared_generator: instead of ``seeds``, one generator for the whole batch (official-code behaviour).
+        shared_generator: instead of ``seeds``, one generator for the whole batch (official-code behaviour; with
+            neither, the samplers draw from torch's global generator, as the official codes do without a seed).
+            Either way the policy is told (``GenerationInfo.shared_generator``), so a component that draws can
+            follow the official codes too (e.g. from the global generator, in their order).
         policy: the acceleration policy; ``None`` runs the plain algorithm.
     """
     policy = policy if policy is not None else Policy()
-    state = adapter.begin(conditions, adapter.initial_guidance(sampling), sampling)
+    state = adapter.begin(conditions, policy.initial_guidance(adapter.initial_guidance(sampling)), sampling)
     B = state.batch_size
     generators = None if shared_generator is not None else _make_generators(seeds, B, adapter.device)
     guidance = state.guidance
@@ -107,7 +112,8 @@ def generate(
     offsets = adapter.token_offsets()
     records: list[ScaleRecord] = []
     stopped_at = None
-    policy.start(generation_info(adapter, B, guidance, tracer, sampling))
+    policy.start(generation_info(adapter, B, guidance, tracer, sampling,
+                                 shared_generator=shared_generator is not None or seeds is None))
     try:
         with adapter.kv_cache() as cache:
             cache.set_layout("packed" if options.ragged_attention == "varlen" else "padded")
@@ -157,6 +163,8 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     pairs: list[int | None] = []
     stats_flops = [0] * ctx.num_blocks
     packing, last_keep, sources = None, None, None
+    run: ProjectedTokens | None = None  # a projected run in progress: its blocks work on its own r tokens
+    run_RrC = run_input_RNC = None
     for block in range(ctx.num_blocks):
         x_in_RNC = x_RNC
         want_probs = block in plan.attention_blocks
@@ -164,13 +172,26 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         block_pairs = None
         for branch in ctx.branches:
             keep_Rn = valid_Rn = None
-            if plan.prune:
+            if plan.prune and run is None:
                 with tracer.span("plan", si, block):
                     selection = policy.plan_block(ctx, block, branch, x_RNC)
+                if isinstance(selection, ProjectedTokens):
+                    run, run_RrC, run_input_RNC = selection, selection.tokens_RrC, x_RNC
+                    selection = None
                 if isinstance(selection, TokenSelection):
                     keep_Rn, valid_Rn = selection.index_Rn, selection.valid_Rn
                 else:
                     keep_Rn = selection
+            if run is not None:  # the run's tokens take the positional encoding of run.positions_Rr
+                with tracer.span(branch, si, block):
+                    out, _ = adapter.run_branch(state, si, block, branch, run_RrC, run.positions_Rr, None, cache,
+                                                False)
+                if branch == "attn":
+                    block_pairs = cache.take_attention_pairs(block)
+                run_RrC = run_RrC + out
+                counts.append(run_RrC.shape[1])
+                packed.append(None)
+                continue
             tokens_in = x_RNC if keep_Rn is None else gather_tokens(x_RNC, keep_Rn)
             if valid_Rn is None:
                 packing, last_keep = None, None
@@ -195,6 +216,10 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
             x_RNC = x_RNC + out
             counts.append(tokens_in.shape[1])
             packed.append(packing.total if packing is not None else None)
+        if run is not None and block == run.last_block:
+            with tracer.span("restore", si, block):
+                x_RNC = policy.restore_projected(ctx, block, run_RrC, run, run_input_RNC)
+            run = run_RrC = run_input_RNC = None
         kept_counts.append(tuple(counts))
         packed_counts.append(tuple(packed))
         pairs.append(block_pairs)
@@ -207,6 +232,9 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
                                      state, x if rows is None else x.index_select(0, rows.to(x.device)), rows))
                 policy.observe_lens(ctx, block, lens)
                 lens_rows.append((block, lens.projected_rows))
+    if run is not None:
+        raise ValueError(f"a projected run planned to end at block {run.last_block} but scale {si} has "
+                         f"{ctx.num_blocks} blocks")
     with tracer.span("head", si):
         raw_logits_RNV = adapter.logits(state, x_RNC)
     if options.check_finite and not bool(torch.isfinite(raw_logits_RNV).all()):

@@ -10,6 +10,7 @@ slot                   when                                        returns
 ``plan_block``         before each branch of block l (if pruning)  kept indices ``[R, n]`` (int64) or None
 ``observe_attention``  inside block l, if declared in the plan     nothing
 ``restore``            after a branch ran on kept tokens           the full ``[R, N, C]`` branch output
+``restore_projected``  after the last block of a projected run     the full ``[R, N, C]`` hidden state
 ``observe_branch``     after each branch, if declared              nothing
 ``observe_block``      after each block, if declared               nothing
 ``observe_lens``       after each declared block (logit lens)      nothing
@@ -21,6 +22,10 @@ slot                   when                                        returns
 
 ``R`` is the number of network rows at the scale (``2B`` with both CFG halves: conditional rows first).
 Kept indices must be sorted per row and may differ between rows, but every row keeps the same count ``n``.
+
+``plan_block`` may instead return :class:`ProjectedTokens`: the blocks up to ``last_block`` then run on a token
+set the policy built (e.g. random projections of the tokens), not on a subset of the tokens, and after
+``last_block`` the loop takes the full hidden state from ``restore_projected``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from .context import DENSE_PLAN, GenerationInfo, ScaleContext, ScalePlan, ScaleRecord
+from .context import DENSE_PLAN, GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
 from .lens_probe import LensProbe
 
 
@@ -43,6 +48,22 @@ class TokenSelection(NamedTuple):
 
     index_Rn: torch.Tensor
     valid_Rn: torch.Tensor | None
+
+
+class ProjectedTokens(NamedTuple):
+    """A run of consecutive blocks on ``r`` tokens the policy built from the ``N`` tokens of the scale.
+
+    ``tokens_RrC``: the run's input (e.g. ``Qᵀx``, random projections of the token map). ``positions_Rr``: the
+    positions (within the scale) whose positional encoding each of them takes; their keys and values enter the KV
+    cache as tokens of the scale. ``index_Rr``: the policy's own bookkeeping for the restoration (e.g. where each
+    output lands), handed back to ``restore_projected``. The blocks ``first .. last_block`` (``first`` = the block
+    whose ``plan_block`` returned this) run on the ``r`` tokens; ``plan_block`` is not called again inside the run.
+    """
+
+    tokens_RrC: torch.Tensor
+    positions_Rr: torch.Tensor
+    index_Rr: torch.Tensor
+    last_block: int
 
 
 def pad_ragged_selection(keep_lists: list[torch.Tensor]) -> TokenSelection | torch.Tensor:
@@ -60,6 +81,12 @@ class Policy:
 
     name = "baseline"
 
+    def initial_guidance(self, mode: GuidanceMode) -> GuidanceMode:
+        """The rows the generation starts with, given ``mode``, what the sampling settings need (the adapter's
+        choice). A policy that needs rows later that the settings alone would not compute (e.g. unconditional rows
+        for late null-condition scales at cfg 1) asks for them here. Called before ``start``."""
+        return mode
+
     def start(self, info: GenerationInfo) -> None:
         """Reset all per-generation state here."""
 
@@ -70,8 +97,9 @@ class Policy:
         return DENSE_PLAN
 
     def plan_block(self, ctx: ScaleContext, block: int, branch: str, x_RNC: torch.Tensor
-                   ) -> torch.Tensor | TokenSelection | None:
-        """Kept token indices ``[R, n]`` (sorted per row) for this branch, a ragged TokenSelection, or None."""
+                   ) -> torch.Tensor | TokenSelection | ProjectedTokens | None:
+        """Kept token indices ``[R, n]`` (sorted per row) for this branch, a ragged TokenSelection, a
+        :class:`ProjectedTokens` run, or None."""
         return None
 
     def observe_attention(self, ctx: ScaleContext, block: int, probs_RHnL, keep_Rn: torch.Tensor | None) -> None:
@@ -90,6 +118,12 @@ class Policy:
     ) -> torch.Tensor:
         """Fill the pruned slots of a branch output. Default: zero (pruned tokens pass through unchanged)."""
         return scatter_into_zeros(out_kept_RnC, keep_Rn, x_RNC.shape[1])
+
+    def restore_projected(self, ctx: ScaleContext, block: int, state_RrC: torch.Tensor, run: ProjectedTokens,
+                          x_RNC: torch.Tensor) -> torch.Tensor:
+        """The full ``[R, N, C]`` hidden state after a :class:`ProjectedTokens` run ended at ``block``:
+        ``state_RrC`` is the run's output, ``x_RNC`` the token map that entered the run."""
+        raise NotImplementedError(f"policy {self.name!r} returned ProjectedTokens but does not restore them")
 
     def observe_branch(self, ctx: ScaleContext, block: int, branch: str, out_RNC: torch.Tensor) -> None:
         pass

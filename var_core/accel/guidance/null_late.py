@@ -35,6 +35,14 @@ class NullLate(Guidance):
             raise ValueError(f"guidance 'null_late': count={self.config.count} would make every one of the "
                              f"{info.num_scales} scales unconditional; use count < {info.num_scales}")
 
+    def initial_mode(self, mode: GuidanceMode) -> GuidanceMode:
+        """With cfg 1 (Infinity computes no unconditional rows) the rows are computed from the start all the same,
+        as the released code does (``cfg_list`` holds zeros, so ``any(cfg_list != 1)`` gives ``2B`` rows; the
+        cfg-1 scales sample the conditional rows, here ``1·c + 0·u``, the same value)."""
+        if self.config.count > 0 and mode is GuidanceMode.NONE:
+            return GuidanceMode.BOTH
+        return mode
+
     def decide(self, ctx, signals) -> GuidanceDecision:
         late = self.config.count > 0 and ctx.scale_index >= ctx.num_scales - self.config.count
         if late and ctx.guidance is GuidanceMode.BOTH:

@@ -20,17 +20,26 @@ class NormScorer(Scorer):
       draw of ``n`` indices without replacement ∝ ``w``. The noise comes from a generator seeded by
       ``(seed, scale, block)`` and is shared by every row, so a sample's draw does not depend on its batch.
     * ``top``: deterministic, the ``n`` largest norms.
+    * ``probability``: the released code's sampling probabilities themselves, ``p_i = c·‖x_i‖² / Σ_j ‖x_j‖²``
+      renormalised to sum 1 (``c = 0.1`` cancels up to rounding; computed with the code's own operations, so a
+      ``torch.multinomial`` over them draws what the code draws). For a projected chunk (restorer
+      ``previous_output`` with ``inputs='projection'``), which draws its representatives from these weights.
 
     Returns ``[R, N]``.
     """
 
     @dataclass(frozen=True)
     class Config(ComponentConfig):
-        mode: str = knob("sample", "sample indices with probability proportional to ||x_i||^2 (StageVAR's code) or "
-                         "keep the largest norms", choices=("sample", "top"))
+        mode: str = knob("sample", "sample indices with probability proportional to ||x_i||^2 (StageVAR's code), "
+                         "keep the largest norms, or return the code's probabilities (for a projected chunk's draw)",
+                         choices=("sample", "top", "probability"))
         seed: int = knob(0, "seed of the Gumbel noise (mode='sample'); draws depend on (seed, scale, block)", low=0)
 
     def score(self, ctx, block, branch, x_RNC, signals: Signals) -> torch.Tensor:
+        if self.config.mode == "probability":
+            norm2_RN = torch.norm(x_RNC.float(), dim=2) ** 2
+            prob_RN = 0.1 * norm2_RN / norm2_RN.sum(dim=1, keepdim=True)
+            return prob_RN / prob_RN.sum(dim=1, keepdim=True)
         weight = x_RNC.float().square().sum(-1)
         if self.config.mode == "top":
             return weight

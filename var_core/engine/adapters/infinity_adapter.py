@@ -129,6 +129,12 @@ class InfinityAdapter(ModelAdapter):
         return self.cfg.depth
 
     @property
+    def block_chunks(self) -> int:
+        """The checkpoint's own grouping of its blocks (``block_chunks``: 8 on Infinity-2B); read by the loop's
+        ``generation_info`` for policies that work per chunk."""
+        return int(self.cfg.block_chunks)
+
+    @property
     def scale_hw(self) -> tuple[tuple[int, int], ...]:
         return self._scale_hw
 
