@@ -187,12 +187,12 @@ class AccelPolicy(Policy):
         first, last = cfg.exempt_first_blocks, min(end, num_blocks - cfg.exempt_last_blocks)
         if first >= last:
             return
-        starts_chunk = first == 0 or block_chunk(first - 1, num_blocks, chunks) != block_chunk(first, num_blocks,
-                                                                                              chunks)
+        chunk_of = [block_chunk(b, num_blocks, chunks) for b in range(num_blocks)]
+        starts_chunk = first == 0 or chunk_of[first - 1] != chunk_of[first]
         if not (starts_chunk and ends_block_chunk(last - 1, num_blocks, chunks)):
             raise ValueError(
                 f"granularity='chunk' prunes whole block chunks, but the pruned blocks {first}..{last - 1} of "
-                f"{num_blocks} cut a chunk (chunks: {[block_chunk(b, num_blocks, chunks) for b in range(num_blocks)]}); "
+                f"{num_blocks} cut a chunk (chunks: {chunk_of}); "
                 f"align exempt_first_blocks / exempt_last_blocks / pruned_blocks_end with chunk boundaries or use "
                 f"granularity='block'")
 

@@ -20,7 +20,7 @@ class NormScorer(Scorer):
       draw of ``n`` indices without replacement ∝ ``w``. The noise comes from a generator seeded by
       ``(seed, scale, block)`` and is shared by every row, so a sample's draw does not depend on its batch.
     * ``top``: deterministic, the ``n`` largest norms.
-    * ``probability``: the released code's sampling probabilities themselves, ``p_i = c·‖x_i‖² / Σ_j ‖x_j‖²``
+    * ``probability``: the released code's sampling probabilities, ``p_i = c·‖x_i‖² / Σ_j ‖x_j‖²``
       renormalised to sum 1 (``c = 0.1`` cancels up to rounding; computed with the code's own operations, so a
       ``torch.multinomial`` over them draws what the code draws). For a projected chunk (restorer
       ``previous_output`` with ``inputs='projection'``), which draws its representatives from these weights.
