@@ -1,6 +1,7 @@
-"""StageVAR as its released code runs it: one token selection per block chunk (L/8 consecutive blocks) and
-Representative Token Restoration (pruned tokens take the chunk's output at the previous scale, area-resampled).
-Checked against hand-worked chunk layouts and an independent area interpolation of the captured block outputs."""
+"""StageVAR's token-selection reading (``stagevar_sampled``, and ``stagevar`` on VAR / HART): one token selection
+per block chunk (L/8 consecutive blocks) and Representative Token Restoration (pruned tokens take the chunk's output
+at the previous scale, area-resampled). Checked against hand-worked chunk layouts and an independent area
+interpolation of the captured block outputs. The released code's projected chunks: ``test_stagevar_official.py``."""
 
 from __future__ import annotations
 
