@@ -253,7 +253,7 @@ def table_frame(records: list[dict], unavailable: list | None = None, interleave
         row["speedup_headline_timing"] = headline["description"]
         ident = r["metrics"]["per_sample"].get("identical")
         row["identical_fraction"] = (float(np.mean([v for v in ident if v is not None])) if ident else None)
-        row["memory_source"] = t.get("memory_source")
+        row["memory_source"] = memory_source(r)  # "analytic" for an old CPU record without it
         tests = r["metrics"].get("wilcoxon_vs_baseline", {})
         for name in ("class_prob", "entropy_mean"):
             row[f"wilcoxon_p_{name}"] = tests.get(name, {}).get("p_value") if name in tests else None
@@ -282,7 +282,109 @@ def _cell(record: dict, stem: str, key: str, digits: int) -> str:
         return "n/a"
     if stem == "psnr_differing" and not summ.get("n"):
         return "all identical"
+    minimum = frechet_ci_minimum(key, summ)
+    if minimum is not None and (summ.get("n") or 0) < minimum:
+        point = format_summary(dict(summ, low=None, high=None), digits)
+        return f"{point} [CI n/a: n={summ.get('n')} ≤ d={minimum - 1}]" if point != "n/a" else point
     return format_summary(summ, digits)
+
+
+MEMORY_SOURCE_LABELS = {"cuda-measured": "CUDA measured", "analytic": "analytic estimate"}
+
+
+def memory_source(record: dict) -> str | None:
+    """Where a record's peak memory comes from: ``"cuda-measured"`` (``torch.cuda.max_memory_allocated``) or
+    ``"analytic"`` (:func:`profilers.memory.analytic_memory`, an estimate from tensor sizes), as the record says
+    (``timing.memory_source``, else the method of its ``peak_memory_mb`` summary). A record written before the
+    source was stored: ``"analytic"`` on a CPU device (the only source there), None (unknown) elsewhere or
+    without a peak."""
+    timing = record.get("timing") or {}
+    peak = _get(record.get("summary") or {}, "peak_memory_mb")
+    if timing.get("peak_memory_bytes") is None and peak is None:
+        return None
+    source = timing.get("memory_source") or (peak or {}).get("method")
+    if source in MEMORY_SOURCE_LABELS:
+        return source
+    device = str((record.get("environment") or {}).get("device") or "")
+    return "analytic" if device.startswith("cpu") else None
+
+
+def memory_labels(records: list[dict]) -> dict[str, str]:
+    """The table's headers of the memory columns, naming the source (:func:`memory_source`) they hold."""
+    sources = {memory_source(r) for r in records if memory_source(r) is not None or
+               _get(r.get("summary") or {}, "peak_memory_mb") is not None}
+    if not sources:
+        return {}
+    what = (MEMORY_SOURCE_LABELS.get(next(iter(sources))) or "source not recorded") if len(sources) == 1 \
+        else "sources differ, see below"
+    return {"peak_mb": f"peak MiB ({what})", "memory_ratio": f"peak-mem ratio ({what})"}
+
+
+def memory_note(records: list[dict]) -> str | None:
+    """The line under the table that says how its peak memory was obtained (None without memory numbers)."""
+    by_source: dict[str | None, list[str]] = {}
+    for r in records:
+        if memory_source(r) is not None or _get(r.get("summary") or {}, "peak_memory_mb") is not None:
+            by_source.setdefault(memory_source(r), []).append(r["arm"])
+    if not by_source:
+        return None
+    text = {
+        "analytic": "**analytic estimate, not a measurement** (on the CPU there is no allocator peak to read): "
+                    "`profilers.memory.analytic_memory` adds, at each scale's peak, the weights, the KV cache as "
+                    "allocated, twice the hidden state and the largest activation, from the shapes the generation "
+                    "recorded; allocator fragmentation and the sampler's temporaries are not in it. It compares "
+                    "arms; measure absolute peaks on a GPU",
+        "cuda-measured": "**measured**: `torch.cuda.max_memory_allocated`, reset at every scale, the highest over "
+                         "the scales and batches (weights, KV cache, activations, allocator rounding)",
+        None: "source not recorded (a record written before the source was stored, not on a CPU)",
+    }
+    if len(by_source) == 1:
+        return f"Peak memory (`peak MiB`, `peak-mem ratio`): {text[next(iter(by_source))]}.\n"
+    parts = "; ".join(f"{', '.join(f'`{a}`' for a in arms)}: {text[source]}" for source, arms in by_source.items())
+    return f"Peak memory (`peak MiB`, `peak-mem ratio`) comes from different sources: {parts}.\n"
+
+
+# Fréchet distances (FID) and the dimension of the features they compare (``features`` in a summary overrides it)
+FRECHET_FEATURES = {"fid_proxy": 128, "fid_real": 128, "fid_inception": 2048}
+
+
+def frechet_ci_minimum(key: str, summ: dict | None = None) -> int | None:
+    """The fewest samples at which the table shows the bootstrap interval of a Fréchet distance (``fid_proxy``,
+    ``fid_real``, ``fid_inception``): ``d + 1`` for ``d``-dimensional features (128 for the testbed classifier's,
+    2048 for Inception's pool3); None for every other metric, whose interval is always shown.
+
+    FID fits a mean and a ``d × d`` covariance to each feature set. With ``n ≤ d`` samples the sample covariance
+    has rank ``n − 1 < d``, so the distance reflects the missing rank as much as the images, and each bootstrap
+    resample (its duplicates lower the rank further) mostly re-measures that: at the default 32 samples a
+    FID-proxy of 0.42 came with the "interval" [0.00, 14.94]. FID's authors require more samples than feature
+    dimensions (Heusel et al. 2017, TTUR reference code: the sample size "should be greater than the dimension of
+    the coding layer", 10,000 recommended), and FID's bias falls only as ``1/n`` (Chong & Forsyth 2020,
+    "Effectively Unbiased FID"). Below ``d + 1`` the point is kept (comparable only between arms with the same
+    ``n`` against the same reference) and the interval reads ``n/a``. KID is an unbiased estimator (Bińkowski et
+    al. 2018) and keeps its interval, as do IS and the per-sample paired metrics (PSNR, SSIM, token agreement)."""
+    if key not in FRECHET_FEATURES:
+        return None
+    features = (summ or {}).get("features")
+    return (int(features) if isinstance(features, int) and features > 0 else FRECHET_FEATURES[key]) + 1
+
+
+def frechet_ci_note(records: list[dict], shown: list[str]) -> str | None:
+    """The line under the table that explains a FID cell whose interval is ``n/a`` (None when there is none)."""
+    labels = {m[1]: m[2] for m in METRICS}
+    hit = set()
+    for r in records:
+        for key in shown:
+            summ = _get(r.get("summary") or {}, key) if r.get("role") != "baseline" else None
+            minimum = frechet_ci_minimum(key, summ)
+            if summ and minimum is not None and summ.get("mean") is not None and (summ.get("n") or 0) < minimum:
+                hit.add((labels[key], minimum))
+    if not hit:
+        return None
+    which = ", ".join(f"{label} from n = {minimum}" for label, minimum in sorted(hit))
+    return (f"`[CI n/a: n ≤ d]`: a FID's bootstrap interval is shown only with more samples than feature dimensions "
+            f"d ({which}): with fewer, each set's covariance is rank-deficient and the resampled distances measure "
+            f"that more than the images (Heusel et al. 2017; `ablations.report.frechet_ci_minimum`). The point "
+            f"value compares arms of the same n only. KID and the per-sample metrics keep their intervals.\n")
 
 
 # quality metrics whose CI is over the samples (the speedups' CIs are over timing rounds or batches)
@@ -301,6 +403,9 @@ def ci_width_note(records: list[dict]) -> str | None:
         halves = []
         for r in arms:
             summ = _get(r.get("summary") or {}, key)
+            minimum = frechet_ci_minimum(key, summ)
+            if minimum is not None and summ and (summ.get("n") or 0) < minimum:
+                continue  # no interval shown at this n (frechet_ci_minimum)
             if summ and all(isinstance(summ.get(k), (int, float)) and math.isfinite(summ[k]) for k in ("low", "high")):
                 halves.append((summ["high"] - summ["low"]) / 2)
         if halves:
@@ -339,6 +444,7 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
     labels = {headline["stem"]: headline["label"]}
     if headline["detail"] is not None:
         labels[headline["detail"]["stem"]] = headline["detail"]["label"]
+    labels.update(memory_labels(records))  # "peak MiB (analytic estimate)" / "(CUDA measured)"
     header = ["arm", "n"] + [labels.get(m[0], m[2] + (batches_note if m[0] == "ms_per_image" else ""))
                              for m in present]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -390,6 +496,10 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
                    f"{' and '.join(protocols)} (var_core.eval.inception; protocols resize and normalise "
                    f"differently, so their FIDs are not comparable).\n")
     doc.append(f"Timed region: {TIMED_REGION}.\n")
+    for note in (memory_note(records) if {"peak_mb", "memory_ratio"} & {m[0] for m in present} else None,
+                 frechet_ci_note(records, [m[1] for m in present])):
+        if note:
+            doc.append(note)
     reasons: dict[str, str] = {}
     for r in records:
         for name, why in r["metrics"].get("unavailable", {}).items():
