@@ -217,3 +217,30 @@ def test_analysis_plots_keep_their_legends_outside(monkeypatch, tmp_path):
     assert entries[0] == ["lhep", "random", "entropy"]
     assert entries[1] == ["mean", "SATS delta = 0.15"]
     assert entries[2][0] == "mean" and "implied tau = 0.45" in entries[2] and "paper tau = 0.40" in entries[2]
+
+
+def test_latency_report_figures_with_twenty_methods():
+    """profilers.latency_plots: every method in the legend (outside), each in its own colour."""
+    import matplotlib.colors as mcolors
+    import pandas as pd
+
+    from profilers import latency_plots
+
+    methods = [f"method{i}" for i in range(20)]
+    repeats = pd.DataFrame([(m, 1, k, 0.0, 10.0 + i + k, 2.0) for i, m in enumerate(methods) for k in range(3)],
+                           columns=["method", "batch", "round", "text_encode_ms", "transformer_ms", "vq_decode_ms"])
+    scale_long = pd.DataFrame([(m, 1, s, k, 1.0 + s + i) for i, m in enumerate(methods) for s in range(4)
+                               for k in range(3)], columns=["method", "batch", "scale", "round", "ms"])
+    per_scale = pd.DataFrame([(m, 1, s, 100.0 + s + i, "analytic") for i, m in enumerate(methods) for s in range(4)],
+                             columns=["method", "batch", "scale", "peak_mib", "memory_source"])
+    fig = latency_plots.methods_latency_figure(repeats)
+    legend = _check_legend_outside(fig)
+    assert [t.get_text() for t in legend.get_texts()] == ["transformer", "VQ decode"]  # text encoding is all 0
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == methods
+    for fig in (latency_plots.methods_per_scale_figure(scale_long, 1), latency_plots.methods_memory_figure(per_scale,
+                                                                                                           50.0)):
+        legend = _check_legend_outside(fig)
+        assert [t.get_text() for t in legend.get_texts()] == methods
+        colours = [mcolors.to_rgb(h.get_color() if hasattr(h, "get_color") else h.get_facecolor())
+                   for h in legend.legend_handles]
+        assert len({tuple(np.round(c, 4)) for c in colours}) == 20
