@@ -21,8 +21,9 @@ cached baseline ``arms/baseline.{json,pt}``), ``study.journal`` (the Optuna stor
 one per trial, grouped by study; ``wandb sync <out>/wandb/offline-run-*`` uploads them later).
 
 Resume: re-run the same command. Completed trials are kept; trials left RUNNING by a killed worker are marked FAIL
-and their parameters re-queued (journal: the dead worker's pid is detected; RDB: optuna's heartbeat,
-``fail_stale_trials``). Dashboard (offline): ``optuna-dashboard <out>/study.journal`` or
+and their parameters re-queued (the dead worker's pid is detected on this host; RDB storages also use optuna's
+heartbeat, ``fail_stale_trials``, for workers of other hosts); a journal whose last line was cut off by a killed
+worker is repaired (the original kept as ``study.journal.bak-<time>``). Dashboard (offline): ``optuna-dashboard <out>/study.journal`` or
 ``optuna-dashboard sqlite:///path.db``, then open http://127.0.0.1:8080.
 """
 

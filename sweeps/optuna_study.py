@@ -39,14 +39,20 @@ constraint or evaluation settings is an error (choose another ``--study-name`` o
 
 A worker killed with SIGKILL loses at most its trial in flight, which stays RUNNING in the storage:
 
-* RDB storages run optuna's heartbeat (``heartbeat_interval=30 s``, ``grace_period=120 s``): a trial whose
-  heartbeat stopped is marked FAIL by ``optuna.storages.fail_stale_trials`` (called at every trial start and on
-  resume) and re-queued once by ``RetryFailedTrialCallback``.
-* Journal storage has no heartbeat: every trial records its worker (host, pid, process start time) in the user attr
-  ``worker``; on resume and at every worker start, a RUNNING trial whose worker process on this host no longer
-  exists is marked FAIL (user attr ``fail_reason``) and its parameters are re-queued (``retry_of``). A RUNNING trial
-  without a worker record older than ``stale_after`` seconds is treated the same. Trials of live workers — or of
-  workers on other hosts — are left alone (use an RDB storage with heartbeats across hosts).
+* Every trial records its worker (host, pid, process start time) in the user attr ``worker``; on resume and at
+  every worker start, a RUNNING trial whose worker process on this host no longer exists is marked FAIL (user attr
+  ``fail_reason``) and its parameters are re-queued once (``retry_of``), on every storage.
+* RDB storages also run optuna's heartbeat (``heartbeat_interval=30 s``, ``grace_period=120 s``): a trial whose
+  heartbeat stopped — the way to see a dead worker of another host — is marked FAIL by
+  ``optuna.storages.fail_stale_trials`` and re-queued once by ``RetryHeartbeatStaleTrialCallback``. (Relying on the
+  heartbeat alone left the trial of a sweep killed and resumed within the grace period RUNNING for good.)
+* Journal storage has no heartbeat: a RUNNING trial without a worker record older than ``stale_after`` seconds is
+  treated as dead. Trials of live workers — or of workers on other hosts — are left alone (use an RDB storage with
+  heartbeats across hosts). A journal whose last line a killed worker left cut off is repaired on open
+  (:func:`repair_journal`: the original kept as ``<journal>.bak-<time>``, one line logged).
+
+``--storage`` is checked before the model loads (:func:`check_storage`): a known URL scheme, no in-memory SQLite
+(nothing to resume, nothing shared between workers), an existing folder, a writable file.
 
 No parameter set is evaluated twice in one study. Each worker start seeds its sampler with
 :func:`sampler_seed` (a hash of the base ``seed``, the number of trials already in the storage and the worker
@@ -82,7 +88,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from var_core.errors import UserError
+from var_core.errors import UserError, did_you_mean
 
 from .evaluate import METRICS, EvalSettings, SweepEvaluator, metric_value
 from .spaces import SpaceError, SweepSpace, apply_overrides, build_space
@@ -99,6 +105,8 @@ SPEC_ATTR = "varscope.spec"
 BASELINE_ATTR = "varscope.baseline"
 SEED_ATTR = "varscope.sampler_seed"  # a study user attr per worker start: {SEED_ATTR}:{worker}:{trials}:{pid}@{host}
 STALE_AFTER = 600.0
+HEARTBEAT_INTERVAL = 30  # s, RDB storages (optuna heartbeat)
+GRACE_PERIOD = 120  # s without a heartbeat before optuna fails a RUNNING trial
 MAX_CONSECUTIVE_DUPLICATES = 50  # a worker stops after this many proposals in a row that were all evaluated already
 
 
@@ -217,6 +225,9 @@ def default_study_name(spec: SweepSpec) -> str:
 
 
 # ----- storage ----------------------------------------------------------------------------------------------
+RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql", "cockroachdb")
+
+
 def storage_kind(storage: str | None) -> str:
     return "rdb" if storage and "://" in storage and not storage.startswith("journal://") else "journal"
 
@@ -224,24 +235,201 @@ def storage_kind(storage: str | None) -> str:
 def journal_path(storage: str | None, out_dir: Path) -> Path:
     if storage is None:
         return out_dir / "study.journal"
-    return Path(storage.removeprefix("journal://"))
+    return Path(storage.removeprefix("journal://")).expanduser()
 
 
-def make_storage(storage: str | None, out_dir: Path):
-    """A journal file under ``out_dir`` by default; ``…://`` URLs go to optuna's RDBStorage (with heartbeats)."""
-    import optuna
+def _sqlite_file(url: str) -> str | None:
+    """The database file of a ``sqlite://`` URL (``None``: in memory)."""
+    rest = url.split("://", 1)[1].split("?", 1)[0]
+    path = rest[1:] if rest.startswith("/") else rest  # sqlite:///rel.db -> rel.db, sqlite:////abs.db -> /abs.db
+    return None if path in ("", ":memory:") or path.startswith("file::memory:") else path
 
+
+def _missing_folder(path: Path, option: str) -> SweepError:
+    folder = path.parent
+    existing = next((p for p in folder.parents if p.is_dir()), None)
+    return SweepError(f"{option}: the folder {folder} does not exist (nearest existing folder: {existing}); create "
+                      f"it first (mkdir -p {folder}) or fix the path")
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """Open the storage file for appending (creating it, as the storage would) and its folder for the lock."""
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise SweepError(f"{option}: cannot write {path} ({exc.strerror or exc}); put the study on a writable "
+                         f"disk (another --storage path or --out)") from None
+
+
+def check_storage(storage: str | None) -> None:
+    """Refuse a ``--storage`` that cannot hold a resumable study, before the model is loaded: an unknown URL
+    scheme, an in-memory SQLite database (it vanishes with the process: nothing to resume, and worker processes
+    cannot share it), a file in a folder that does not exist, or a journal file that cannot be written."""
+    if storage is None:
+        return
+    option = f"--storage {storage}"
+    if not str(storage).strip():
+        raise SweepError("--storage is empty: give sqlite:///study.db, postgresql://…, a journal file path, or "
+                         "leave it out for <out>/study.journal")
     if storage_kind(storage) == "rdb":
-        from optuna.storages import RDBStorage, RetryFailedTrialCallback
+        scheme = storage.split("://", 1)[0].split("+", 1)[0].lower()
+        if scheme not in RDB_SCHEMES:
+            raise SweepError(f"{option}: unknown storage URL scheme {scheme!r}.{did_you_mean(scheme, RDB_SCHEMES)} "
+                             f"Give sqlite:///FILE.db, postgresql://USER:PW@HOST/DB, mysql://…, or a journal file "
+                             f"path (no ://)")
+        if scheme == "sqlite":
+            file = _sqlite_file(storage)
+            if file is None:
+                raise SweepError(f"{option}: an in-memory SQLite database is gone when the process exits (nothing "
+                                 f"to resume) and worker processes cannot share it; give a file, e.g. "
+                                 f"sqlite:///study.db, or leave --storage out for <out>/study.journal")
+            path = Path(file).expanduser()
+            if not path.parent.is_dir():
+                raise _missing_folder(path, option)
+            if path.is_dir():
+                raise SweepError(f"{option}: {path} is a folder; give the database file, e.g. "
+                                 f"sqlite:///{path / 'study.db'}")
+            _check_writable(path, option)
+        return
+    path = journal_path(storage, Path("."))
+    if path.is_dir():
+        raise SweepError(f"{option}: {path} is a folder; give the journal file, e.g. {path / 'study.journal'}")
+    if not path.parent.is_dir():
+        raise _missing_folder(path, option)
+    _check_writable(path, option)
 
-        return RDBStorage(storage, heartbeat_interval=30, grace_period=120,
-                          failed_trial_callback=RetryFailedTrialCallback(max_retry=1))
+
+def _journal_op(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _salvage(line: bytes) -> bytes | None:
+    """The whole journal operation at the end of a line that starts with a cut one (a worker killed mid-write,
+    then another append on the same line), or ``None``."""
+    j = line.find(b"{", 1)
+    while j > 0:
+        if _journal_op(line[j:]):
+            return line[j:]
+        j = line.find(b"{", j + 1)
+    return None
+
+
+def _tail_is_whole(path: Path) -> bool:
+    """The journal ends with a newline and its last line is a JSON object (read from the end: cheap)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            return True
+        f.seek(size - 1)
+        if f.read(1) != b"\n":
+            return False
+        pos, block, tail = size - 1, 1 << 16, b""
+        while pos > 0:
+            start = max(0, pos - block)
+            f.seek(start)
+            tail = f.read(pos - start) + tail
+            i = tail.rfind(b"\n")
+            if i >= 0:
+                return _journal_op(tail[i + 1:])
+            pos = start
+        return _journal_op(tail)
+
+
+def repair_journal(path: Path, log: Callable[[str], None] = print, *, full: bool = False) -> Path | None:
+    """Set aside what a worker killed mid-write left in a journal; returns the backup of the original, or ``None``.
+
+    Optuna's journal reader skips a last line without its newline, but the next append lands on that line and turns
+    it into one no reader can parse, so the study could not be reopened. The cut line is removed (a line that a
+    later append completed keeps that later operation), under the journal's own lock so that a live writer is never
+    mistaken for a cut line; the original is first copied whole to ``<name>.bak-<time>`` and one line logged. What
+    the cut line recorded (at most one operation of the dead worker) is lost; that worker's trial is recovered as
+    any killed trial (:func:`recover_stale_trials`). ``full``: every line is checked, not only the last (after
+    optuna failed to read the file); a line in the middle that is not an operation and holds none is refused.
+    """
+    import shutil
+
+    from optuna.storages.journal import JournalFileSymlinkLock
+    from optuna.storages.journal._file import get_lock_file
+
+    if not path.is_file() or (not full and _tail_is_whole(path)):
+        return None
+    with get_lock_file(JournalFileSymlinkLock(str(path))):
+        data = path.read_bytes()
+        *lines, cut = data.split(b"\n")  # `cut`: what follows the last newline (b"" when the file ends with one)
+        removed, fixed = len(cut), []
+        for n, line in enumerate(lines, 1):
+            if (full or n == len(lines)) and line.strip() and not _journal_op(line):
+                whole = _salvage(line)
+                if whole is None and n < len(lines):
+                    raise SweepError(f"{path}:{n} is not an Optuna journal line (cut or overwritten); the study "
+                                     f"cannot be read past it. Restore the file from a backup, or start another "
+                                     f"study (--out / --storage)")
+                removed += len(line) + 1 if whole is None else len(line) - len(whole)
+                if whole is None:
+                    continue
+                line = whole
+            fixed.append(line)
+        if not removed:
+            return None
+        backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.copy2(path, backup)
+        tmp = path.with_name(path.name + ".repair")
+        with open(tmp, "wb") as f:
+            f.write(b"".join(line + b"\n" for line in fixed))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    log(f"note: {path} ended in a line cut off while it was written (a worker killed?): {removed} bytes set aside "
+        f"and the study reopened; the original file is kept as {backup}")
+    return backup
+
+
+def make_storage(storage: str | None, out_dir: Path, log: Callable[[str], None] = print):
+    """A journal file under ``out_dir`` by default; ``…://`` URLs go to optuna's RDBStorage (with heartbeats)."""
+    if storage_kind(storage) == "rdb":
+        return _rdb_storage(storage)
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
     path = journal_path(storage, out_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
+    try:
+        if storage is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        repair_journal(path, log)
+        try:
+            return JournalStorage(JournalFileBackend(str(path)))
+        except ValueError:  # JSONDecodeError / "Invalid log format." while replaying: a cut line in the middle
+            if repair_journal(path, log, full=True) is None:
+                raise
+            return JournalStorage(JournalFileBackend(str(path)))
+    except SweepError:
+        raise
+    except OSError as exc:
+        raise SweepError(f"cannot open the Optuna journal {path} ({exc.strerror or exc}); put the study on a "
+                         f"writable disk (another --storage path or --out)") from None
+    except ValueError as exc:
+        raise SweepError(f"cannot read the Optuna journal {path} ({exc}); restore it from a backup, or start "
+                         f"another study (--out / --storage)") from None
+
+
+def _rdb_storage(url: str):
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # heartbeat and the retry callback are "experimental" in optuna
+        try:
+            return RDBStorage(url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=GRACE_PERIOD,
+                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+        except ImportError as exc:
+            raise SweepError(f"--storage {url}: the database driver is not installed ({exc}); install it (e.g. "
+                             f"pip install psycopg2-binary for postgresql, pymysql for mysql+pymysql://)") from None
+        except Exception as exc:  # noqa: BLE001 - sqlalchemy's OperationalError / ArgumentError: a bad URL or server
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SweepError(f"--storage {url}: cannot open the database ({type(exc).__name__}: {first})") from None
 
 
 def dashboard_command(spec: SweepSpec, out_dir: Path) -> str:
@@ -320,6 +508,7 @@ def _check_spec(spec: SweepSpec) -> tuple[SweepSpace, Constraint | None]:
     constraint = None
     if spec.constraint and spec.constraint != "auto":
         constraint = Constraint.parse(spec.constraint)
+    check_storage(spec.storage)
     return space, constraint
 
 
@@ -366,10 +555,10 @@ def directions(spec: SweepSpec) -> list[str]:
     return [METRICS[COSTS[spec.cost]].direction, METRICS[spec.quality].direction]
 
 
-def open_study(prep: Prepared, *, create: bool, worker_index: int = 0):
+def open_study(prep: Prepared, *, create: bool, worker_index: int = 0, log: Callable[[str], None] | None = None):
     import optuna
 
-    storage = make_storage(prep.spec.storage, prep.out_dir)
+    storage = make_storage(prep.spec.storage, prep.out_dir, log=log or prep.evaluator.log)
     sampler = make_sampler(prep.spec, worker_index)
     identity = prep.spec.identity(prep.space, prep.constraint, prep.evaluator.model)
     if create:
@@ -420,27 +609,36 @@ def _alive(info: dict) -> bool:
 
 def recover_stale_trials(study, spec: SweepSpec, space: SweepSpace | None = None, log: Callable[[str], None] = print
                          ) -> list[int]:
-    """Mark RUNNING trials of dead workers FAIL and re-queue their parameters; returns the trial numbers."""
+    """Mark RUNNING trials of dead workers FAIL and re-queue their parameters once; returns the trial numbers.
+
+    Every storage: a trial whose worker (user attr ``worker``: host, pid, process start) ran on this host and is
+    gone. RDB storages also: a trial whose heartbeat is older than the grace period (optuna's
+    ``fail_stale_trials``; its retry callback re-queues it) — the only way to see a dead worker of another host,
+    but it takes ``GRACE_PERIOD`` seconds, so a sweep killed and resumed sooner relied on it and left the trial
+    RUNNING for good. Journal storages (no heartbeat): a trial without a worker record older than ``stale_after``.
+    """
     import optuna
     from optuna.trial import TrialState
 
-    if storage_kind(spec.storage) == "rdb":
+    failed = []
+    rdb = storage_kind(spec.storage) == "rdb"
+    if rdb:
         before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         optuna.storages.fail_stale_trials(study)
         after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         failed = sorted(before - after)
         if failed:
             log(f"resume: heartbeat expired for trial(s) {failed}: marked FAIL (re-queued by optuna's retry callback)")
-        return failed
     storage = study._storage
     host = socket.gethostname()
-    failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         info = trial.user_attrs.get("worker")
         if info is not None:
             if info.get("host") != host or _alive(info):
                 continue
             reason = f"worker {info.get('host')}:{info.get('pid')} is gone (killed?)"
+        elif rdb:
+            continue  # the heartbeat decides
         else:
             started = trial.datetime_start.timestamp() if trial.datetime_start else time.time()
             if time.time() - started < spec.stale_after:
@@ -452,11 +650,13 @@ def recover_stale_trials(study, spec: SweepSpec, space: SweepSpace | None = None
         except Exception:  # noqa: BLE001 - another process finished or failed it first
             continue
         failed.append(trial.number)
-        params = dict(trial.params)
-        if space is not None and set(params) == set(space.names()) and space.in_space(params):
+        # an enqueued trial killed before it read its parameters holds them only as fixed_params
+        params = dict(trial.params) or dict(trial.system_attrs.get("fixed_params") or {})
+        requeue = space is not None and bool(params) and set(params) == set(space.names()) and space.in_space(params)
+        if requeue:
             study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
         log(f"resume: trial {trial.number} was RUNNING but {reason}: marked FAIL"
-            + (", parameters re-queued" if params else ""))
+            + (", parameters re-queued" if requeue else ""))
     return failed
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from var_core.errors import UserError
+from var_core.errors import UserError, did_you_mean
 from var_core.accel.knobs import coerce
 
 from .evaluate import METRICS, EvalSettings, SweepEvaluator, metric_value
@@ -81,7 +81,13 @@ def default_method_for(param: str) -> str:
     if len(having) == 1:
         return having[0]
     if not having:
-        raise SensitivityError(f"no method preset has a knob {name!r} (presets: {', '.join(PRESETS)})")
+        from .spaces import ALIASES
+
+        known = sorted({p for preset in PRESETS for p in knob_infos(get_preset(preset))})
+        known += sorted({p.rsplit(".", 1)[-1] for p in known} | set(ALIASES))
+        raise SensitivityError(f"no method preset has a knob {name!r}.{did_you_mean(name, known, cutoff=0.6)} "
+                               f"(presets: {', '.join(PRESETS)}; python -m studies.sweep METHOD --list lists a "
+                               f"method's knobs)")
     raise SensitivityError(f"{name!r} is a knob of several methods ({', '.join(having)}): pass --method")
 
 
@@ -113,7 +119,11 @@ def resolve_grid(spec: SensitivitySpec):
                                f"{info.search}")
     values = []
     for v in spec.values:
-        value = coerce(info.field, v, _hints(info.owner)) if isinstance(v, str) else v
+        try:
+            value = coerce(info.field, v, _hints(info.owner)) if isinstance(v, str) else v
+        except (ValueError, TypeError) as exc:
+            sep = " (separate the values with spaces: --values 0.5 0.7)" if isinstance(v, str) and "," in v else ""
+            raise SensitivityError(f"--values {v}: {exc}{sep}") from None
         try:
             apply_values(base, {p: value for p in paths})
         except (ValueError, TypeError) as exc:

@@ -135,6 +135,13 @@ def _method_label(policy: PolicyConfig) -> str:
 def _not_read(policy: PolicyConfig, name: str, extra: str = "") -> SpaceError:
     infos = knob_infos(policy)
     close = difflib.get_close_matches(name, list(infos), n=3, cutoff=0.5)
+    if not close:  # a bare knob name or alias ('taux' for 'tau'): match it against the last part of each path
+        by_option = {p.rsplit(".", 1)[-1]: p for p in infos}
+        bare = name.rsplit(".", 1)[-1]
+        close = [by_option[o] for o in difflib.get_close_matches(bare, list(by_option), n=3, cutoff=0.6)]
+        options = {k.option for k in infos.values()}
+        close += [a for a in difflib.get_close_matches(bare.lower(), list(ALIASES), n=2, cutoff=0.75)
+                  if options & set(ALIASES[a])]  # aliases of a knob this policy has
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return SpaceError(
         f"no component of the policy {_method_label(policy)} reads {name!r}{extra}.{hint}\n"
@@ -264,7 +271,14 @@ def resolve_param(spec: str, policy: PolicyConfig) -> Param:
     infos = knob_infos(policy)
     first = infos[paths[0]]
     if rng is not None:
-        space = _override_space(first.search, first, rng)
+        try:
+            space = _override_space(first.search, first, rng)
+        except (ValueError, TypeError) as exc:  # coerce: 'abc' for a float knob
+            if isinstance(exc, SpaceError):
+                raise
+            kind = first.search.kind if first.search is not None else "value"
+            raise SpaceError(f"--param {spec}: {exc}; {name} takes a {kind} range low:high[:log] (e.g. {name}="
+                             f"{_example_range(first)}) or a comma-separated list of choices") from None
     else:
         space = first.search
         if space is None:
@@ -285,6 +299,15 @@ def resolve_param(spec: str, policy: PolicyConfig) -> Param:
             raise SpaceError(f"{param.display}: the search-space value {value!r} is not valid for this knob ({exc})"
                              ) from None
     return param
+
+
+def _example_range(info: KnobInfo) -> str:
+    s = info.search
+    if s is not None and s.kind == "categorical":
+        return ",".join(str(c) for c in (s.choices or ())[:2])
+    if s is not None and s.low is not None and s.high is not None:
+        return f"{s.low:g}:{s.high:g}"
+    return "0.5:0.9"
 
 
 def _endpoints(space: SearchSpace) -> list:

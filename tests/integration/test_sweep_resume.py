@@ -1,20 +1,24 @@
 """Kill a sweep worker with SIGKILL after >= 1 completed trial, re-run the same command: every completed trial is
 kept, the trial in flight is marked FAIL (its worker is gone) and re-queued, the study reaches its target, and no
-parameter set is evaluated twice (the resumed sampler is seeded differently; duplicates are pruned)."""
+parameter set is evaluated twice (the resumed sampler is seeded differently; duplicates are pruned).
+
+Fast cases: a trial left RUNNING by a dead worker (journal and SQLite; on SQLite resumed before optuna's heartbeat
+grace period ran out) is evaluated exactly once on resume; a journal whose last line was cut while it was written
+is repaired (backup kept, one line said) and the study resumes."""
 
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
+import sys
 
 import pytest
 from optuna.trial import TrialState
 from sweep_cli import REPO, TINY, cli_env, load, run_cli, sweep_cmd, wait_for
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fixture_dir):
     from sweeps.optuna_study import make_storage
 
@@ -85,3 +89,134 @@ def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fixture_dir):
     assert front and len(set(front)) == len(front)
     seeds = result["sampler_seeds"]  # the killed start and the resumed one, seeded differently
     assert len(seeds) == 2 and seeds[0]["seed"] != seeds[1]["seed"]
+
+
+# ----- fast: a dead worker's RUNNING trial, a cut journal line ----------------------------------------------------
+STUDY = "ldpruning-flops-psnr"
+
+
+def _spec(out, storage, trials):
+    from sweeps.evaluate import EvalSettings
+    from sweeps.optuna_study import SweepSpec
+
+    return SweepSpec(method="ldpruning", params=("rho",), trials=trials, sampler="random", seed=0, constraint=None,
+                     wandb="disabled", storage=storage, out=str(out),
+                     eval=EvalSettings(model="official-tiny", samples=2, batch_size=2, warmup=0, paired_timing=False,
+                                       threads=1))
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_running_trial_of_a_dead_worker_is_evaluated_once_on_resume(tmp_path, kind):
+    """A worker killed while evaluating rho=0.35 left its trial RUNNING (on SQLite with a fresh heartbeat: resumed
+    within optuna's 120 s grace period); the resumed sweep marks it FAIL, evaluates rho=0.35 exactly once and
+    ends with exactly the requested number of COMPLETE trials."""
+    import optuna
+
+    from sweeps.optuna_study import make_storage, run_sweep, worker_info
+
+    out = tmp_path / "sweep"
+    storage = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else None
+    run_sweep(_spec(out, storage, 1), log=lambda m: None)  # trial 0: the preset's rho=0.5
+    backend = make_storage(storage, out)
+    study = load(backend, STUDY)
+    study.enqueue_trial({"schedule.rho": 0.35})
+    killed = study.ask()  # what the killed worker's objective did before it died: record itself, draw parameters
+    killed.set_user_attr("worker", dict(worker_info(), pid=_dead_pid(), start_ticks=None))
+    assert killed.suggest_float("schedule.rho", 0.2, 0.9) == 0.35
+    if kind == "sqlite":
+        backend.record_heartbeat(killed._trial_id)  # a heartbeat seconds old: optuna's fail_stale_trials skips it
+        assert optuna.storages.fail_stale_trials(study) is None and \
+            study.get_trials(states=(TrialState.RUNNING,))[0].number == killed.number
+    logs: list[str] = []
+    result = run_sweep(_spec(out, storage, 2), log=logs.append)
+    study = load(make_storage(storage, out), STUDY)
+    trials = study.get_trials()
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    assert trials[killed.number].state == TrialState.FAIL
+    assert "is gone" in trials[killed.number].user_attrs["fail_reason"]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 2 == result["counts"]["COMPLETE"]  # exactly the requested number
+    rhos = sorted(t.params["schedule.rho"] for t in complete)
+    assert rhos == [0.35, 0.5]  # the killed trial's parameters evaluated once, the preset's once
+    retry = next(t for t in complete if t.params["schedule.rho"] == 0.35)
+    assert retry.user_attrs["retry_of"] == killed.number
+    assert sum(f"trial {killed.number} was RUNNING" in line for line in logs) == 1
+
+
+@pytest.mark.slow
+def test_journal_with_a_cut_last_line_resumes_cli(tmp_path):
+    """The sweep process was killed while appending to its journal: the last line holds half an operation. The
+    re-run says so in one line naming the backup (the untouched original), removes only the cut bytes, recovers the
+    trial whose completion was lost and reaches the requested number of COMPLETE trials."""
+    out = tmp_path / "sweep"
+    cmd = sweep_cmd("ldpruning", "--param", "rho", "--trials", "1", "--out", str(out), "--wandb", "disabled",
+                    "--constraint", "none", "--sampler", "random", "--threads", "1", *TINY[:2], "--samples", "2",
+                    "--batch-size", "2", *TINY[6:])
+    first = run_cli(cmd, tmp_path)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    journal = out / "study.journal"
+    data = journal.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    assert json.loads(data[last:])["op_code"] is not None  # a whole operation before we cut it
+    cut = data[: last + (len(data) - last) // 2]
+    journal.write_bytes(cut)
+    done = run_cli(cmd, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    notes = [line for line in done.stdout.splitlines() if "cut off" in line]
+    assert len(notes) == 1, done.stdout
+    backups = list(out.glob("study.journal.bak-*"))
+    assert len(backups) == 1 and str(backups[0]) in notes[0] and backups[0].read_bytes() == cut
+    assert f"{len(cut) - last} bytes set aside" in notes[0]
+    repaired = journal.read_bytes()
+    assert repaired.startswith(data[:last])  # every whole line kept, byte for byte
+    assert all(json.loads(line) for line in repaired.splitlines())
+    from sweeps.optuna_study import make_storage
+
+    study = load(make_storage(None, out), STUDY)
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 1
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_journal_cut_while_a_dead_worker_wrote_resumes(tmp_path):
+    """In process (fast): a worker evaluating rho=0.35 died while appending its next operation to the journal, so
+    the file ends in half a line. Resuming says so in one line naming the backup (the untouched original), removes
+    only the cut bytes, evaluates rho=0.35 once and ends with the requested number of COMPLETE trials."""
+    from sweeps.optuna_study import make_storage, run_sweep, worker_info
+
+    out = tmp_path / "sweep"
+    run_sweep(_spec(out, None, 1), log=lambda m: None)
+    study = load(make_storage(None, out), STUDY)
+    study.enqueue_trial({"schedule.rho": 0.35})
+    killed = study.ask()
+    killed.set_user_attr("worker", dict(worker_info(), pid=_dead_pid(), start_ticks=None))
+    killed.suggest_float("schedule.rho", 0.2, 0.9)
+    killed.set_user_attr("sampler_seed", 12345)  # the operation the worker was writing when it died
+    journal = out / "study.journal"
+    data = journal.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    assert json.loads(data[last:])["user_attr"] == {"sampler_seed": 12345}
+    cut = data[: last + (len(data) - last) // 2]
+    journal.write_bytes(cut)
+    logs: list[str] = []
+    result = run_sweep(_spec(out, None, 2), log=logs.append)
+    notes = [line for line in logs if "cut off" in line]
+    assert len(notes) == 1, logs
+    backups = list(out.glob("study.journal.bak-*"))
+    assert len(backups) == 1 and str(backups[0]) in notes[0] and backups[0].read_bytes() == cut
+    assert f"{len(cut) - last} bytes set aside" in notes[0]
+    repaired = journal.read_bytes()
+    assert repaired.startswith(data[:last])  # every whole line kept, byte for byte
+    assert all(isinstance(json.loads(line), dict) for line in repaired.splitlines())
+    study = load(make_storage(None, out), STUDY)
+    trials = study.get_trials()
+    assert "sampler_seed" not in trials[killed.number].user_attrs  # the cut operation is gone, nothing else
+    assert trials[killed.number].state == TrialState.FAIL and not study.get_trials(states=(TrialState.RUNNING,))
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 2 == result["counts"]["COMPLETE"]
+    assert sorted(t.params["schedule.rho"] for t in complete) == [0.35, 0.5]
