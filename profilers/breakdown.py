@@ -147,9 +147,21 @@ def _figure(width: float = 7.0, height: float = 4.0):
     return fig, fig.add_subplot()
 
 
+def _legend_outside(fig) -> None:
+    """Each axes legend becomes a figure legend right of the axes (``outside right upper``: the constrained layout
+    makes room), where it covers no bar and no title (issue 25)."""
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is not None:
+            fig.legend(legend.legend_handles, [t.get_text() for t in legend.get_texts()], loc="outside right upper",
+                       title=legend.get_title().get_text() or None, fontsize=7, title_fontsize=8, frameon=False)
+            legend.remove()
+
+
 def _save(fig, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _legend_outside(fig)
     fig.savefig(path, dpi=120)
     return path
 

@@ -244,3 +244,24 @@ def test_latency_report_figures_with_twenty_methods():
         colours = [mcolors.to_rgb(h.get_color() if hasattr(h, "get_color") else h.get_facecolor())
                    for h in legend.legend_handles]
         assert len({tuple(np.round(c, 4)) for c in colours}) == 20
+
+
+def test_breakdown_stack_legend_outside(monkeypatch, tmp_path):
+    """profilers.breakdown: the per-scale stack's component legend sits right of the axes, covering no bar."""
+    import pandas as pd
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from profilers import breakdown
+
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: saved.append(self))
+    labels = [f"component {i}" for i in range(12)]
+    frame = pd.DataFrame([(s, lab, 1.0 + i) for s in range(6) for i, lab in enumerate(labels)],
+                         columns=["scale", "label", "ms"])
+    breakdown.plot_scale_stack(frame, tmp_path / "stack.png")
+    (fig,) = saved
+    FigureCanvasAgg(fig)
+    legend = _check_legend_outside(fig)
+    assert sorted(t.get_text() for t in legend.get_texts()) == sorted(labels)
+    assert legend.get_title().get_text() == "component"
