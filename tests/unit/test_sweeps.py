@@ -117,6 +117,9 @@ EXPECTED_SPACES = {
     "skipvar": [
         ("guidance.start_scale", "int", -4, -1, False, None, -3),
     ],
+    "skipvar_static": [
+        ("guidance.start_scale", "int", -4, -1, False, None, -3),
+    ],
     "stagevar": [
         ("restorer.interpolation", "categorical", None, None, False, ("area", "bilinear", "nearest"), "area"),
         ("guidance.count", "int", 1, 4, False, None, 3),

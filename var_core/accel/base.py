@@ -105,11 +105,14 @@ class Needs:
     branch_outputs: bool = False
     logits: bool = False
     decoded_image: bool = False  # the latent decoded after this scale (ScaleRecord.image_B3HW): one VAE decode
+    # the latent after this scale resized to these scales' latent grids and decoded (ScaleRecord.previews_B3HW)
+    preview_scales: frozenset[int] = frozenset()
 
     def __or__(self, other: "Needs") -> "Needs":
         return Needs(self.attention_blocks | other.attention_blocks, self.lens_blocks | other.lens_blocks,
                      self.block_io or other.block_io, self.branch_outputs or other.branch_outputs,
-                     self.logits or other.logits, self.decoded_image or other.decoded_image)
+                     self.logits or other.logits, self.decoded_image or other.decoded_image,
+                     self.preview_scales | other.preview_scales)
 
 
 NO_NEEDS = Needs()
@@ -263,3 +266,8 @@ class ScaleSkip(Component):
 
     def decide(self, ctx: ScaleContext, signals: Signals) -> SkipDecision:
         return SkipDecision()
+
+    def latent_mask(self, ctx: ScaleContext, signals: Signals) -> torch.Tensor | None:
+        """bool ``[B, N]``: tokens whose residual enters the latent at this scale (None: all). A per-sample stop
+        inside a batch freezes the stopped samples' latents with an all-False row (SkipVAR's batch rule)."""
+        return None

@@ -59,9 +59,9 @@ class PolicyConfig:
                             "the chunk runs on the kept tokens and a chunk-aware restorer acts at its last block)",
                             choices=("block", "branch", "chunk"))
     exempt_first_blocks: int = knob(0, "blocks at the start that are never pruned (FastVAR's Infinity code: 3)",
-                                    low=0)
+                                    low=0, unit="blocks")
     exempt_last_blocks: int = knob(0, "blocks at the end that are never pruned (counted from the model's last "
-                                   "block)", low=0)
+                                   "block)", low=0, unit="blocks")
     # Optional[int], not ``int | None``: knobs.coerce reads "--set pruned_blocks_end=none" only for the former
     pruned_blocks_end: Optional[int] = knob(None, "blocks with this absolute index and above are never pruned "
                                             "(FastVAR's Infinity code prunes range(3, 28): exempt_first_blocks=3, "
@@ -244,6 +244,7 @@ class AccelPolicy(Policy):
             guidance=decision.mode, prune=prune, attention_blocks=needs.attention_blocks,
             lens_blocks=needs.lens_blocks, observe_blocks=needs.block_io, observe_branches=needs.branch_outputs,
             cond_only_B=decision.cond_only_B, decode_latent=needs.decoded_image,
+            preview_scales=needs.preview_scales,
         )
 
     def plan_block(self, ctx: ScaleContext, block: int, branch: str, x_RNC: torch.Tensor):
@@ -325,7 +326,11 @@ class AccelPolicy(Policy):
             return self.restorer.restore(ctx, block, branch, out_kept_RnC, keep_Rn, x_RNC, self.signals)
 
     def latent_mask(self, ctx):
-        return self.restorer.latent_mask(ctx, self.signals)
+        restored = self.restorer.latent_mask(ctx, self.signals)
+        frozen = self.skip.latent_mask(ctx, self.signals)
+        if restored is None or frozen is None:
+            return frozen if restored is None else restored
+        return restored & frozen
 
     def observe_branch(self, ctx, block, branch, out_RNC):
         for part in self.parts.values():

@@ -400,21 +400,40 @@ def sparsevar() -> PolicyConfig:
     )
 
 
-@preset("skipvar")
-def skipvar() -> PolicyConfig:
-    """SkipVAR, static rule: nothing skipped (c = 0), the unconditional branch replaced on the last 3 scales.
+@preset("skipvar", per_model=True)
+def skipvar(model: ModelKey | None = None) -> PolicyConfig:
+    """SkipVAR (arXiv 2506.08908; code and models fakerone-li/SkipVAR). Per family:
 
-    SkipVAR never skips scales and replaces the unconditional branch at once (errata 8; FOUND(code): the uncond
-    decision is taken only when c = 0). This preset is that c = 0 branch with u = 3 (scales 10–12 of 13, the late
-    steps LD-Pruning §1 describes SkipVAR replacing, "typically 10 to 12"). Left out: the per-sample decision —
-    a logistic-regression classifier trained on 3k Infinity-2B prompts (Sobel and FFT features of two tiny VAE
-    decodes at scale 9) that picks c ∈ {0, …, 3} (skip the last c scales, guidance kept) or, only for c = 0, u;
-    the c > 0 arm is the ``skip_last`` component with full guidance.
+    * **Infinity — the released code**: after scale 9 of 13, two features of the 8×8-grid previews decoded after
+      scales 8 and 9 (HF_Diff of their Sobel magnitudes, HF_Ratio of the new one's FFT) go through the released
+      ``decision_model_ssim_84`` logistic models (numbers shipped as JSON, never unpickled): ``c`` ∈ {0..3} last
+      scales left out, and only for ``c = 0`` the unconditional rows dropped on the last ``u`` scales
+      (``skipvar_decision`` skip + ``skipvar_uncond`` guidance; ``--set skip.model=decision_model_ssim_86`` etc.).
+      Not the released code: the batch rule (a stopped sample's latent is frozen while its batch runs on; at
+      batch 1 exactly the released rule).
+    * **VAR, HART — ours, static**: the decision models were trained on Infinity-2B previews and do not apply, so
+      the preset is the released models' most common branch as a fixed rule: nothing skipped (c = 0) and the
+      unconditional branch replaced on the last 3 scales (``stop_at``, ``start_scale=-3``); errata 8. This is
+      also the generic config shown before a model is known. Until git ``0de61a6`` the static rule was the preset
+      on Infinity too (FLOPs-ideal 1.69× on Infinity-2B); it stays as the preset ``skipvar_static`` on every family.
     """
+    if model is not None and model.family == "infinity":
+        return PolicyConfig(name="skipvar", skip=_c("skip", "skipvar_decision"),
+                            guidance=_c("guidance", "skipvar_uncond"))
     return PolicyConfig(
         name="skipvar",
         guidance=_c("guidance", "stop_at", start_scale=-3),
     )
+
+
+@preset("skipvar_static")
+def skipvar_static() -> PolicyConfig:
+    """SkipVAR, our static reading (not the released code), on every family: nothing skipped (c = 0) and the
+    unconditional branch replaced on the last 3 scales (``stop_at``, ``start_scale=-3``): one branch of the released
+    per-sample decision applied to every sample (FLOPs-ideal 1.69× on Infinity-2B, where the released ``skipvar``
+    decides per sample; the released 0.84 models' mix averages ≈ 2.56× if the features were Gaussian at the
+    scaler's moments: ``python -m profilers.skipvar_flops``)."""
+    return PolicyConfig(name="skipvar_static", guidance=_c("guidance", "stop_at", start_scale=-3))
 
 
 def _stagevar_sampled_tokens(name: str) -> PolicyConfig:

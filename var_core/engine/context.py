@@ -64,6 +64,9 @@ class ScaleRecord:
     # the image decoded from the latent accumulated up to this scale, [B, 3, H, W] in [0, 1]; only when the plan
     # asked for it (ScalePlan.decode_latent: pixel-domain criteria such as LD-Pruning's |I_k - I_{k-1}|)
     image_B3HW: torch.Tensor | None = None
+    # ((grid scale j, [B, 3, h_j·f, w_j·f] in [0, 1]), ...): the accumulated latent resized to scale j's latent grid
+    # and decoded, one per scale the plan named in ScalePlan.preview_scales (ModelAdapter.decode_preview)
+    previews_B3HW: tuple[tuple[int, torch.Tensor], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,9 @@ class ScalePlan:
     # decode the latent after this scale's update into ScaleRecord.image_B3HW (one VAE decode, traced as
     # "accel/decode"); for pixel-domain token criteria
     decode_latent: bool = False
+    # decode the latent after this scale's update resized to the latent grid of each of these scales (a small,
+    # cheap preview; ScaleRecord.previews_B3HW); for decisions read off a coarse image (SkipVAR's features)
+    preview_scales: frozenset[int] = frozenset()
 
 
 DENSE_PLAN = ScalePlan()

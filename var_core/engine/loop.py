@@ -259,6 +259,10 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     if plan.decode_latent:
         with tracer.span("accel/decode", si):
             image = adapter.decode(state)
+    previews = []
+    for grid_scale in sorted(plan.preview_scales):
+        with tracer.span("accel/decode", si):
+            previews.append((grid_scale, adapter.decode_preview(state, grid_scale)))
     return ScaleRecord(
         si, ctx.hw, skipped=False, guidance=ctx.guidance, tokens_BN=tokens, residual_BChw=residual,
         guided_logits_BNV=guided_BNV, raw_logits_RNV=raw_logits_RNV if options.keep_raw_logits else None,
@@ -266,5 +270,5 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         packed_tokens=tuple(packed_counts) if any(c is not None for b in packed_counts for c in b) else (),
         attention_pairs=tuple(pairs) if any(p is not None for p in pairs) else (),
         attention_stats_flops=tuple(stats_flops) if any(stats_flops) else (),
-        image_B3HW=image,
+        image_B3HW=image, previews_B3HW=tuple(previews),
     )

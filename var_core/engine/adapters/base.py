@@ -160,6 +160,12 @@ class ModelAdapter(ABC):
     def decode(self, state: Any) -> torch.Tensor:
         """Images ``[B, 3, H, W]`` in [0, 1] from the accumulated latent."""
 
+    def decode_preview(self, state: Any, grid_scale: int) -> torch.Tensor:
+        """Images ``[B, 3, h, w]`` in [0, 1] from the accumulated latent resized to the latent grid of scale
+        ``grid_scale`` (a coarse preview; SkipVAR decodes its features from the 8×8 grid of Infinity-1024)."""
+        raise NotImplementedError(f"the {getattr(self, 'family', 'model')} adapter does not decode a latent preview "
+                                  f"(a coarse decode of the accumulated latent); it is only defined for Infinity")
+
     @abstractmethod
     def latent(self, state: Any) -> torch.Tensor:
         """The accumulated latent (``f_hat`` for VAR)."""

@@ -313,9 +313,13 @@ class InfinityAdapter(ModelAdapter):
     def guide(self, state: InfinityState, si: int, logits_RNV: torch.Tensor, sampling: SamplingConfig,
               cond_only_B: torch.Tensor | None = None) -> torch.Tensor:
         scaled = logits_RNV.mul(1 / sampling.temperature)
+        B, cfg = state.batch_size, state.cfg
+        if state.guidance is GuidanceMode.COND_ONLY and cfg != 1 and self._insertion_block() is None:
+            # the conditional rows through the guidance formula, as SkipVAR's released sampler does after it drops
+            # the unconditional rows (cfg·c + (1 − cfg)·c: equal to c up to rounding, bit for bit the released)
+            return cfg * scaled + (1 - cfg) * scaled
         if state.guidance is not GuidanceMode.BOTH:
             return scaled
-        B, cfg = state.batch_size, state.cfg
         if self._insertion_block() is not None:
             if cond_only_B is not None and bool(cond_only_B.any()):
                 raise ValueError("per-sample guidance stop (cond_only_B) is not supported with "
@@ -323,7 +327,8 @@ class InfinityAdapter(ModelAdapter):
             return scaled[:B]  # guidance already mixed into the hidden state
         guided = cfg * scaled[:B] + (1 - cfg) * scaled[B:]
         if cond_only_B is not None:  # samples whose guidance stopped while others still use it
-            guided = torch.where(cond_only_B.view(B, 1, 1), scaled[:B], guided)
+            cond = scaled[:B]
+            guided = torch.where(cond_only_B.to(guided.device).view(B, 1, 1), cfg * cond + (1 - cfg) * cond, guided)
         return guided
 
     def sample(self, guided_BNV: torch.Tensor, sampling: SamplingConfig,
@@ -348,7 +353,7 @@ class InfinityAdapter(ModelAdapter):
         codes = self.vae.bits_to_codes(self.bits_to_vae_grid(bits_BNd, si)).to(state.summed_codes.dtype)
         if keep_BN is not None:  # sparse residual: masked tokens add zero codes (a token covers 2x2 cells if patchify)
             h, w = self._scale_hw[si]
-            mask = keep_BN.view(-1, 1, 1, h, w).to(codes.dtype)
+            mask = keep_BN.view(-1, 1, 1, h, w).to(device=codes.device, dtype=codes.dtype)
             if self.patchify:
                 mask = mask.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
             codes = codes * mask
@@ -362,6 +367,12 @@ class InfinityAdapter(ModelAdapter):
 
     def decode(self, state: InfinityState) -> torch.Tensor:
         return self.vae.decode(state.summed_codes.squeeze(-3)).add(1).mul(0.5)
+
+    def decode_preview(self, state: InfinityState, grid_scale: int) -> torch.Tensor:
+        """The summed codes brought to the VAE grid of scale ``grid_scale`` (trilinear, the quantizer's
+        ``z_interplote_up`` as the released SkipVAR code uses it for this resize too) and decoded."""
+        small = F.interpolate(state.summed_codes, size=self.vae_schedule[grid_scale], mode="trilinear")
+        return self.vae.decode(small.squeeze(-3)).add(1).mul(0.5)
 
     def latent(self, state: InfinityState) -> torch.Tensor:
         return state.summed_codes

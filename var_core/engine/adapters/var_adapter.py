@@ -149,12 +149,17 @@ class VARAdapter(ModelAdapter):
         p = self.cfg.patch_nums[si]
         h_BChw = self.vae.quantize.embed_idx(tokens_BN, p)
         if keep_BN is not None:  # sparse residual: masked tokens add a zero code map (then bicubic + Phi as usual)
-            h_BChw = h_BChw * keep_BN.view(-1, 1, p, p).to(h_BChw.dtype)
+            h_BChw = h_BChw * keep_BN.view(-1, 1, p, p).to(device=h_BChw.device, dtype=h_BChw.dtype)
         state.f_hat_BChw = self.vae.quantize.next_autoregressive_input(si, state.f_hat_BChw, h_BChw)[0]
         return h_BChw
 
     def decode(self, state: VARState) -> torch.Tensor:
         return self.vae.fhat_to_img(state.f_hat_BChw).add(1).mul(0.5)
+
+    def decode_preview(self, state: VARState, grid_scale: int) -> torch.Tensor:
+        """``f_hat`` area-resized to scale ``grid_scale``'s token grid (VAR's own downsampling) and decoded."""
+        size = tuple(self.scale_hw[grid_scale])
+        return self.vae.fhat_to_img(F.interpolate(state.f_hat_BChw, size=size, mode="area")).add(1).mul(0.5)
 
     def latent(self, state: VARState) -> torch.Tensor:
         return state.f_hat_BChw
