@@ -11,6 +11,11 @@ The value is parsed into the option's declared type (bool, int, float, str, tupl
 is validated (declared range and choices), so an unknown key, a wrong type or an out-of-range value is an error
 before any model is loaded. A key that no arm of the family has is an error naming the keys that exist. The
 baseline arm is never changed: it stays the plain model every metric is measured against.
+
+Once the model is loaded, :func:`check_overrides_on_model` checks the values that name scales or blocks
+(``knob(unit=...)``: ``activation.start_scale``, ``restorer.cache_scale``, ``exempt_first_blocks``,
+``schedule.layer_profile``, ...) against the model's number of scales and blocks: a value beyond the model is an
+error before anything is generated, never an arm that silently runs as the baseline or is skipped.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ import difflib
 import typing
 from dataclasses import dataclass
 
-from var_core.accel.knobs import coerce
+from var_core.accel.knobs import coerce, model_problem
 from var_core.errors import UserError
 from var_core.accel.policy import COMPONENT_KINDS, PolicyConfig
 
 from .base import Arm
 
-__all__ = ["Override", "OverrideError", "parse_overrides", "apply_overrides", "valid_keys"]
+__all__ = ["Override", "OverrideError", "parse_overrides", "apply_overrides", "valid_keys",
+           "check_overrides_on_model"]
 
 
 class OverrideError(UserError, ValueError):
@@ -143,3 +149,29 @@ def apply_overrides(arms: list[Arm], overrides: list[Override] | list[str]) -> l
             arm = dataclasses.replace(arm, config=config, description=desc, changes=changes)
         out.append(arm)
     return out
+
+
+def check_overrides_on_model(arms: list[Arm], overrides: list[Override] | list[str] | tuple[str, ...],
+                             num_scales: int, num_blocks: int, model: str = "the model") -> None:
+    """Raise :class:`OverrideError` when a ``--set`` value names a scale or block that a model of ``num_scales``
+    scales and ``num_blocks`` blocks does not have (knobs declared with a ``unit``), or when the exempt blocks
+    leave no block to prune. ``arms`` are the arms with the overrides applied (baseline and failed arms are
+    ignored): the value checked is the one each arm will run with."""
+    overrides = [o if isinstance(o, Override) else parse_overrides([o])[0] for o in overrides]
+    runs = [arm for arm in arms if arm.ok and arm.role != "baseline"]
+    for o in overrides:
+        for arm in runs:
+            part = arm.config if o.kind is None else getattr(arm.config, o.kind)
+            field_ = {f.name: f for f in dataclasses.fields(part)}.get(o.option)
+            if field_ is None:
+                continue
+            problem = model_problem(field_, getattr(part, o.option), num_scales, num_blocks, model)
+            if problem:
+                raise OverrideError(f"--set {o.key}={o.text}: {problem}")
+    if any(o.kind is None and o.option in ("exempt_first_blocks", "exempt_last_blocks") for o in overrides):
+        for arm in runs:
+            first, last = arm.config.exempt_first_blocks, arm.config.exempt_last_blocks
+            if first + last >= num_blocks:
+                raise OverrideError(f"--set exempt_first_blocks={first} / exempt_last_blocks={last}: {model} has "
+                                    f"{num_blocks} blocks, so no block is left to prune (arm {arm.name!r}); exempt "
+                                    f"fewer than {num_blocks} blocks in all")

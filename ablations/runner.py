@@ -53,13 +53,14 @@ from var_core.eval.metrics import MetricContext, compute_arm_metrics
 from var_core.eval.stats import Summary, bootstrap_ci, paired_bootstrap_ratio, paired_wilcoxon
 
 from .base import Arm, FamilyContext, build_arms
-from .overrides import apply_overrides, parse_overrides
+from .overrides import apply_overrides, check_overrides_on_model, parse_overrides
+from .loadwatch import LoadProbe, load_summary
 from .probes import ProfilerProbe
 
 __all__ = ["StudyOptions", "StudyPlan", "StudyResult", "plan_study", "run_study", "resolve_model",
            "resolve_sampling", "sampling_overrides", "load_study_model", "load_prompts", "study_conditions",
            "images_root", "export_arm_images", "default_out_dir", "results_lock", "ResultsFolderBusy", "baseline_identity",
-           "LOCK_NAME"]
+           "LOCK_NAME", "identical_to_baseline", "SUPERSEDED_DIR"]
 
 TEXT_TO_IMAGE_FAMILIES = ("infinity", "hart")  # families conditioned on prompts (the others on class labels)
 PAIRED_TESTS = ("class_prob", "class_correct", "entropy_mean")
@@ -290,7 +291,15 @@ def resolve_threads(setting: int | str | None) -> tuple[int | None, str]:
     return threads, f"explicit ({threads})"
 
 
+SAMPLING_TAGS = (("cfg", "cfg"), ("top_k", "topk"), ("top_p", "topp"), ("temperature", "temp"), ("draw", "draw"))
+
+
 def default_out_dir(options: StudyOptions, model: str) -> Path:
+    """``results/ablate/<family>[-<method>]_<model>_n<N>_seed<S>`` plus one readable part per setting that changes
+    the results when it is not the default: ``_set-<hash>`` (``--set``), ``_prompts-<file stem>``, ``_cfg3_topk600
+    _topp0.9_temp0.8_draw-inverse_cdf`` (each sampling knob given), ``_bfloat16`` (``--dtype``) and
+    ``_w-<hash>`` (``--weights`` / ``--vae-weights`` / ``--text-encoder``: a hash of their resolved paths). Two
+    studies that differ in any of these never share a default folder (their records would replace each other's)."""
     tag = f"{options.family}"
     if options.family == "options":
         tag += f"-{options.method}"
@@ -299,7 +308,18 @@ def default_out_dir(options: StudyOptions, model: str) -> Path:
         tag += "_set-" + hashlib.sha1(" ".join(sorted(options.overrides)).encode()).hexdigest()[:8]
     if getattr(options, "prompts", None):
         tag += "_prompts-" + rec.arm_slug(Path(options.prompts).stem)
-    return Path("results") / "ablate" / tag
+    given = sampling_overrides(options)
+    for name, short in SAMPLING_TAGS:
+        if name in given:
+            value = given[name]
+            tag += f"_{short}-{value}" if isinstance(value, str) else f"_{short}{value:g}"
+    if getattr(options, "dtype", "float32") != "float32":
+        tag += f"_{options.dtype}"
+    paths = [(name, getattr(options, name, None)) for name in ("weights", "vae_weights", "text_encoder")]
+    paths = [f"{name}={Path(value).expanduser().resolve()}" for name, value in paths if value]
+    if paths:
+        tag += "_w-" + hashlib.sha1("\n".join(paths).encode()).hexdigest()[:8]
+    return Path("results") / "ablate" / rec.arm_slug(tag)
 
 
 def plan_study(options: StudyOptions) -> StudyPlan:
@@ -525,7 +545,7 @@ def _refresh_metrics(out_dir: Path, found: dict, metric_ctx: MetricContext, sign
         _add_relative(record, summary, base_record, plan.options.seed)
     record["summary"] = summary
     record["metrics_refreshed"] = True
-    rec.write_json_atomic(rec.record_paths(out_dir, found["arm"])[0], record)
+    rec.write_json_atomic(rec.record_paths(out_dir, found["arm"])[0], record, root=out_dir)
     log(f"{found['arm']}: metrics recomputed from the stored samples (the metric context changed)")
     return record
 
@@ -746,6 +766,101 @@ def _check_record_file(json_path: Path, log: Callable[[str], None]) -> None:
         _quarantine(json_path, exc.reason, f"recompute arm {json_path.name[:-len('.json')]!r}", log)
 
 
+# ----- finished work of another configuration is kept ------------------------------------------------------
+SUPERSEDED_DIR = "superseded"
+KEPT_BESIDE = ("study.json", "table.md", "table.csv", "timing_interleaved.json")  # copied once per kept set
+
+
+def _key_changes(old: dict, new: dict) -> str:
+    """What differs between two record keys, in words (``samples 2 -> 3``, ``cfg 1.5 -> 3.0``, ``dtype ...``)."""
+    parts = []
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a == b:
+            continue
+        if name == "sampling" and isinstance(a, dict) and isinstance(b, dict):
+            parts += [f"{k} {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif name == "samples":
+            parts.append(f"sample set {a} -> {b}")
+        elif name == "config_hash":
+            parts.append(f"policy config {a} -> {b}")
+        else:
+            parts.append(f"{name} {a} -> {b}")
+    return ", ".join(parts) or "same configuration"
+
+
+def _set_aside(out_dir: Path, items: list[tuple[str, dict]], why: str, log: Callable[[str], None],
+               image_root: Path | None = None) -> list[Path]:
+    """Move the finished files of arms about to be recomputed — record, tensors, grid and (inside the results
+    folder) exported images — to ``<out>/superseded/<configuration tag>/`` (same layout; the tag is
+    :func:`~var_core.eval.records.run_key_tag` of the record, numbered ``_2``, ``_3`` ... when that set already holds
+    the arm) and copy the folder's study.json / table / interleaved timing beside them once. Nothing is deleted;
+    one line says what moved where and why. Returns the folders used."""
+    used: dict[Path, list[str]] = {}
+    root = Path(out_dir)
+    for name, old in items:
+        slug = rec.arm_slug(name)
+        json_path, pt_path = rec.record_paths(root, name)
+        tag = rec.run_key_tag(old)
+        target, n = root / SUPERSEDED_DIR / tag, 2
+        while (target / "arms" / json_path.name).exists() or (target / "arms" / pt_path.name).exists():
+            target, n = root / SUPERSEDED_DIR / f"{tag}_{n}", n + 1
+        moves = [(json_path, target / "arms" / json_path.name), (pt_path, target / "arms" / pt_path.name),
+                 (root / "grids" / f"{slug}.png", target / "grids" / f"{slug}.png")]
+        if image_root is not None and Path(image_root).resolve() == root.resolve():
+            moves.append((root / "images" / slug, target / "images" / slug))
+        if target not in used:
+            for kept in KEPT_BESIDE:
+                if (root / kept).is_file() and not (root / kept).is_symlink() and not (target / kept).exists():
+                    rec.make_dirs(target, root)
+                    shutil.copy2(root / kept, target / kept)
+        for src, dst in moves:
+            if src.exists() and not src.is_symlink():
+                rec.make_dirs(dst.parent, root)
+                os.replace(src, dst)
+        used.setdefault(target, []).append(name)
+    for target, names in used.items():
+        log(f"note: kept the finished record(s) of {', '.join(names)} ({why}): moved to "
+            f"{target}/ (nothing deleted)")
+    return list(used)
+
+
+def _restore_kept(out_dir: Path, keys: dict[str, Any], log: Callable[[str], None],
+                  image_root: Path | None = None) -> list[str]:
+    """Arms of this study with no record in ``arms/`` whose finished record of this very configuration (same key)
+    was set aside in ``superseded/`` by an earlier run (with its tensors): moved back, so going back to an earlier
+    configuration reuses its work instead of recomputing it. One line says what came back from where."""
+    root = Path(out_dir)
+    kept = root / SUPERSEDED_DIR
+    if not kept.is_dir():
+        return []
+    back: dict[Path, list[str]] = {}
+    for name, key in keys.items():
+        json_path, pt_path = rec.record_paths(root, name)
+        if json_path.exists() or pt_path.exists():
+            continue
+        for folder in sorted(p for p in kept.iterdir() if p.is_dir() and not p.is_symlink()):
+            old_json, old_pt = folder / "arms" / json_path.name, folder / "arms" / pt_path.name
+            record = rec.read_record(old_json) if not old_json.is_symlink() else None
+            if record is None or record.get("key") != key or not old_pt.is_file() or old_pt.is_symlink():
+                continue
+            slug = rec.arm_slug(name)
+            moves = [(old_pt, pt_path), (old_json, json_path),
+                     (folder / "grids" / f"{slug}.png", root / "grids" / f"{slug}.png")]
+            if image_root is not None and Path(image_root).resolve() == root.resolve():
+                moves.append((folder / "images" / slug, root / "images" / slug))
+            for src, dst in moves:
+                if src.exists() and not src.is_symlink() and not dst.exists():
+                    rec.make_dirs(dst.parent, root)
+                    os.replace(src, dst)
+            back.setdefault(folder, []).append(name)
+            break
+    for folder, names in back.items():
+        log(f"note: the finished record(s) of {', '.join(names)} for this configuration were kept in {folder}/ by "
+            f"an earlier run: moved back and reused")
+    return [n for names in back.values() for n in names]
+
+
 # ----- the study -------------------------------------------------------------------------------------------
 def _check_arms_on_model(available: list[Arm], unavailable: list[Arm], adapter, sampling, model: str,
                          log: Callable[[str], None]) -> tuple[list[Arm], list[Arm]]:
@@ -783,6 +898,12 @@ def run_study(options: StudyOptions, log: Callable[[str], None] = print, plan: S
     if not launch.is_rank_zero:  # another rank of a ddp / torchrun / SLURM launch: no lock, writes nothing
         with started_ranks(launch, log) as channel:
             return _follow_study(options, plan, launch, channel, log, started)
+    # never write through a link planted in the results folder (or the --save-images tree): refuse it, naming it
+    rec.refuse_links_in(plan.out_dir)
+    image_root = images_root(options.save_images, plan.out_dir)
+    if image_root is not None:
+        rec.check_no_links(image_root / "images", image_root)
+        rec.refuse_links_in(image_root / "images")
     with results_lock(plan.out_dir, log):
         with started_ranks(launch, log) as channel:
             return _run_study(options, log, plan, started, launch=launch, channel=channel)
@@ -821,7 +942,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
     for note in plan.notes:
         log(f"note: {note}")
     out_dir = plan.out_dir
-    (out_dir / "arms").mkdir(parents=True, exist_ok=True)
+    rec.make_dirs(out_dir / "arms", out_dir)
     available = [a for a in plan.arms if a.ok]
     unavailable = [a for a in plan.arms if not a.ok]
     for arm in unavailable:
@@ -837,13 +958,15 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
     adapter = load_study_model(plan.model, plan.weights, vae_weights=options.vae_weights,
                                text_encoder=options.text_encoder, dtype=dtype, device=launch.load_device)
     sampling = resolve_sampling(adapter, plan.model, plan.weights, sampling_overrides(options))
+    # a --set scale / block beyond this model is the user's mistake: an error, not a skipped or baseline-like arm
+    check_overrides_on_model(available, options.overrides, adapter.num_scales, adapter.num_blocks, plan.model)
     available, unavailable = _check_arms_on_model(available, unavailable, adapter, sampling, plan.model, log)
     prompt_set = load_prompts(options.prompts)
+    image_root = images_root(options.save_images, out_dir)
     conditions = study_conditions(adapter, options.samples, options.seed, prompt_set)
     if prompt_set is not None:
         plan.notes.append(f"prompts: {len(prompt_set)} from {prompt_set.source} ({prompt_set.format}); sample i uses "
                           f"prompt i mod {len(prompt_set)}")
-    image_root = images_root(options.save_images, out_dir)
     metric_ctx = MetricContext.build(adapter, classifier_path=options.classifier,
                                      inception_weights=options.inception_weights,
                                      clip_weights=options.clip_weights, real_count=options.samples,
@@ -865,7 +988,24 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             sampling=sampling, conditions=conditions, batch_size=options.batch_size, warmup=options.warmup,
             role=arm.role if arm.role == "baseline" else "arm", description=arm.description,
             plain_loop=arm.role == "baseline", dtype=options.dtype, accelerator=launch.accelerator,
-            devices=launch.devices, strategy=launch.strategy, num_nodes=launch.num_nodes)
+            devices=launch.devices, strategy=launch.strategy, num_nodes=launch.num_nodes,
+            vae_weights=options.vae_weights, text_encoder=options.text_encoder)
+
+    # finished records of another configuration (other --samples, sampling, dtype, weights, --set ...) in the files
+    # this study is about to write are moved aside, never replaced: superseded/<tag>/ (one line says where)
+    other: list[tuple[str, dict]] = []
+    changes: set[str] = set()
+    for arm in available:
+        json_path = rec.record_paths(out_dir, arm.name)[0]
+        _check_record_file(json_path, log)
+        old = rec.read_record(json_path)
+        new_key = rec.to_jsonable(config_for(arm).key())
+        if old is not None and old.get("key") != new_key:
+            other.append((arm.name, old))
+            changes.add(_key_changes(old.get("key") or {}, new_key))
+    if other:
+        _set_aside(out_dir, other, "made with another configuration: " + "; ".join(sorted(changes)), log, image_root)
+    _restore_kept(out_dir, {a.name: rec.to_jsonable(config_for(a).key()) for a in available}, log, image_root)
 
     threads, threads_reason = resolve_threads(options.threads)
     if options.threads == "auto":  # resuming: run the missing arms like the reused ones, for comparable timings
@@ -877,7 +1017,8 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             threads_reason = f"auto: {threads}, as in the reused records of this folder"
     log(f"threads per process: {threads_reason}")
     plan.notes.append(f"threads per process: {threads_reason}")
-    probes = [ProfilerProbe(device=device)] if options.profile else []
+    # the load probe first: its readings enclose only the timed batch, not the profiler's reductions
+    probes = [LoadProbe()] + ([ProfilerProbe(device=device)] if options.profile else [])
     records: list[dict] = []
     computed, reused = [], []
     base_run: GenerationRun | None = None
@@ -894,16 +1035,21 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
         _check_record_file(json_path, log)
         found = rec.find_reusable(out_dir, config, need_tensors=is_base)
         found_run = None
+        recompute_reason = None
         if found is not None:  # its tensors must be readable (weights_only) and be those of the record
             found, found_run = _load_verified(out_dir, found, log)
+            if found is None:
+                recompute_reason = "its tensor file could not be read or did not match it (moved to *.corrupt)"
             if is_base and found_run is None:
                 found = None  # the later arms need the baseline's samples
+                recompute_reason = recompute_reason or "the baseline's tensor file is missing"
         if found is not None and not is_base:
             assert base_record is not None and base_identity is not None, "the baseline runs first"
             why = _stale_against_baseline(found, base_record, base_identity)
             if why is not None:
                 log(f"[{position}/{total}] {arm.name}: recomputing the finished record: {why}")
                 found = None
+                recompute_reason = why
         if found is not None and found.get("metrics", {}).get("signature") != signature:
             # measured with another metric context (e.g. the classifier appeared since): recompute the metrics
             # from the stored tensors, keep the generation and its timing; regenerate if the tensors are gone
@@ -915,15 +1061,20 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             if found["arm"] != arm.name:  # renamed arm: keep a copy (record and tensors) under the current name
                 old_pt = rec.record_paths(out_dir, found["arm"])[1]
                 if old_pt.is_file() and not pt_path.is_file():
-                    tmp = pt_path.with_name(pt_path.name + ".tmp")
-                    shutil.copyfile(old_pt, tmp)
-                    os.replace(tmp, pt_path)
+                    rec.write_atomic(pt_path, lambda tmp: shutil.copyfile(old_pt, tmp), root=out_dir)
                 found = dict(found, arm=arm.name, description=arm.description, changes=arm.changes)
-                rec.write_json_atomic(json_path, found)
+                rec.write_json_atomic(json_path, found, root=out_dir)
             if is_base:
                 base_run = found_run
                 base_record = found
                 base_identity = baseline_identity(found, found_run)
+            elif "identical_to_baseline" not in found and found_run is not None:
+                # a record written before this was recorded: computed from the stored samples and kept in it
+                found = dict(found, identical_to_baseline=identical_to_baseline(found_run, base_run))
+                rec.write_json_atomic(json_path, found, root=out_dir)
+            if not is_base:
+                _warn_unchanged(arm.name, found.get("identical_to_baseline"), found.get("metrics", {}).get(
+                    "activation_scale"), adapter.num_scales, log)
             records.append(found)
             reused.append(arm.name)
             export_arm_images(image_root, arm.name, found_run, conditions, prompt_set, log)
@@ -950,13 +1101,23 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
                              signature)
         record["timing"]["arm_wall_seconds"] = time.perf_counter() - t0
         record["tensors"] = {"file": pt_path.name, "sha256": run.content_hash()}
+        used_threads = (run.processes[0].get("threads") if run.processes else None) or threads
+        record["timing"]["load"] = load_summary(run.batches, used_threads, torch.device(device).type
+                                                if device is not None else adapter.device.type)
+        if not is_base:
+            record["identical_to_baseline"] = identical_to_baseline(run, base_run)
+            _warn_unchanged(arm.name, record["identical_to_baseline"], run.activation_scale, adapter.num_scales, log)
         if is_base:
             base_identity = baseline_identity(record, run)
         record["baseline"] = {"arm": next(a.name for a in available if a.role == "baseline"),
                               "identity": base_identity,
                               "created": record["created"] if is_base else base_record["created"]}
-        run.save(pt_path)
-        rec.write_json_atomic(json_path, record)
+        old = rec.read_record(json_path)  # a finished record of this arm that is recomputed: kept, not replaced
+        if old is not None:
+            _set_aside(out_dir, [(arm.name, old)], "recomputed: " + (recompute_reason or "its files could not be "
+                       "reused"), log, image_root)
+        rec.write_atomic(pt_path, run.save, root=out_dir)
+        rec.write_json_atomic(json_path, record, root=out_dir)
         if is_base:
             base_record = record
         _save_grid(out_dir, arm.name, run, base_run, options.grid_samples)
@@ -995,7 +1156,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             if previous is not None:  # when and why the earlier measurements were taken (their numbers are gone)
                 interleaved["history"] = list(previous.get("history") or []) + (
                     [previous["measured"]] if isinstance(previous.get("measured"), dict) else [])
-            rec.write_json_atomic(out_dir / "timing_interleaved.json", interleaved)
+            rec.write_json_atomic(out_dir / "timing_interleaved.json", interleaved, root=out_dir)
     elif options.retime:
         log("note: --retime has nothing to re-measure (--timing-rounds 0, or a single arm)")
 
@@ -1143,6 +1304,46 @@ def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampl
     return out
 
 
+def identical_to_baseline(run: GenerationRun | None, base_run: GenerationRun | None) -> dict | None:
+    """Whether an arm changed anything: per sample (paired by sample index), are all its tokens at every scale and
+    its image equal to the baseline's? ``identical`` is True only when every token and every image of every sample
+    is; None when it cannot be told (no baseline samples, other sample indices, tokens not kept)."""
+    if run is None or base_run is None or list(run.indices) != list(base_run.indices):
+        return None
+    n = len(run.indices)
+    tokens_equal = 0
+    for mine, theirs in zip(run.tokens, base_run.tokens):
+        if any(t is None for t in mine) or any(t is None for t in theirs):
+            return None  # tokens were not kept: equality unknown
+        tokens_equal += int(len(mine) == len(theirs) and all(a.shape == b.shape and torch.equal(a, b)
+                                                              for a, b in zip(mine, theirs)))
+    images_equal = None
+    if run.images_u8 is not None and base_run.images_u8 is not None:
+        images_equal = sum(int(torch.equal(a, b)) for a, b in zip(run.images_u8, base_run.images_u8))
+    same = tokens_equal == n and (images_equal is None or images_equal == n)
+    return {"identical": bool(same), "samples": n, "tokens_equal": tokens_equal, "images_equal": images_equal}
+
+
+def _never_activated(activation_scale, num_scales: int | None) -> bool:
+    """Every sample's activation scale says "never" (``num_scales`` or more); False when any is unknown (None)."""
+    if not activation_scale or num_scales is None:
+        return False
+    return all(a is not None and a >= num_scales for a in activation_scale)
+
+
+def _warn_unchanged(name: str, identical: dict | None, activation_scale, num_scales: int | None,
+                    log: Callable[[str], None]) -> None:
+    """One warning line when an arm is identical to the baseline or its method never activated."""
+    never = _never_activated(activation_scale, num_scales)
+    why = (f"its method never activated on any of the {len(activation_scale)} samples (on this model's "
+           f"{num_scales} scales)") if never else ""
+    if identical and identical.get("identical"):
+        log(f"warning: arm {name!r} is identical to the baseline (every token and image of all {identical['samples']} "
+            f"samples): {why or 'it changed nothing here'}; its speedup can only be noise")
+    elif never:
+        log(f"warning: arm {name!r}: {why}; it computes what the baseline computes")
+
+
 def _save_grid(out_dir: Path, name: str, run: GenerationRun, base_run: GenerationRun, k: int) -> None:
     """The arm's grid: the baseline's row and the arm's (same seeds), each labelled in the image."""
     from .grids import save_labelled_grid
@@ -1154,7 +1355,7 @@ def _save_grid(out_dir: Path, name: str, run: GenerationRun, base_run: Generatio
     labels = [name] if run is base_run else ["baseline", name]
     upscale = max(1, 128 // run.images_u8.shape[-1])
     save_labelled_grid(images, out_dir / "grids" / f"{rec.arm_slug(name)}.png", nrow=k, upscale=upscale,
-                       row_labels=labels)
+                       row_labels=labels, root=out_dir)
 
 
 def _write_manifest(out_dir: Path, plan: StudyPlan, adapter, sampling, conditions, *, status: str,
@@ -1180,4 +1381,4 @@ def _write_manifest(out_dir: Path, plan: StudyPlan, adapter, sampling, condition
         manifest["samples"].update({k: v for k, v in conditions.to_dict().items()
                                     if k in ("prompts", "tags", "categories", "prompt_ids")},
                                    prompt_file=plan.options.prompts)
-    rec.write_json_atomic(out_dir / "study.json", manifest)
+    rec.write_json_atomic(out_dir / "study.json", manifest, root=out_dir)

@@ -70,7 +70,7 @@ class EntropyInflection(Activation):
     @dataclass(frozen=True)
     class Config(ComponentConfig):
         t_est: int = knob(5, "last scale (1-indexed NUMBER, >= 2) of the early-growth reference window g_2..g_t_est",
-                          low=2, search=SearchSpace("int", 2, 7))
+                          low=2, search=SearchSpace("int", 2, 7), unit="scale_number")
         alpha: float = knob(0.5, "the test fires when the smoothed growth drops below alpha x the reference",
                             low=0.0, high=1.0, low_open=True, search=SearchSpace("float", 0.1, 1.0))
         definition: str = knob("mean", "scale entropy H_t: per-token mean, per-scale sum, or mean / max entropy",

@@ -17,7 +17,8 @@ class FixedActivation(Activation):
 
     @dataclass(frozen=True)
     class Config(ComponentConfig):
-        start_scale: int = knob(-2, "first accelerated scale, 0-indexed; -k means the k-th scale from the end")
+        start_scale: int = knob(-2, "first accelerated scale, 0-indexed; -k means the k-th scale from the end",
+                                unit="scale")
 
     def first_scale(self, num_scales: int) -> int:
         s = self.config.start_scale

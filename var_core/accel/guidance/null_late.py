@@ -25,7 +25,7 @@ class NullLate(Guidance):
     @dataclass(frozen=True)
     class Config(ComponentConfig):
         count: int = knob(3, "number of last scales computed with the unconditional rows only", low=0,
-                          search=SearchSpace("int", low=1, high=4))
+                          search=SearchSpace("int", low=1, high=4), unit="scales")
 
     def start(self, info, signals) -> None:
         self.check_model(info)

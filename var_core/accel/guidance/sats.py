@@ -98,7 +98,8 @@ class SATS(Guidance):
         normalization: str = knob("cond", "RECONSTRUCTED: γ's denominator, ‖f(c)‖ ('cond') or the mean of both "
                                   "norms ('symmetric')", choices=("cond", "symmetric"), reconstructed=True)
         min_scale: int = knob(-4, "first scale of SATS's window (0-indexed; -k = k-th from the end). LD-Pruning: "
-                              "scales 9-12 of 13, i.e. -4; 0 = no guard. What the window means: see 'scales'")
+                              "scales 9-12 of 13, i.e. -4; 0 = no guard. What the window means: see 'scales'",
+                          unit="scale")
         scales: str = knob("dropped", "RECONSTRUCTED: what min_scale bounds: 'dropped' = the first scale that may "
                            "run without the unconditional branch (γ tested from min_scale-1 on); 'tested' = the "
                            "first scale whose γ is tested (the branch can stop from min_scale+1 on)",

@@ -23,7 +23,7 @@ class StopAt(Guidance):
     @dataclass(frozen=True)
     class Config(ComponentConfig):
         start_scale: int = knob(-2, "first scale without the unconditional rows (0-indexed; -k = k-th from the end)",
-                                search=SearchSpace("int", low=-4, high=-1))
+                                search=SearchSpace("int", low=-4, high=-1), unit="scale")
 
     def first_scale(self, num_scales: int) -> int:
         s = self.config.start_scale

@@ -90,7 +90,7 @@ class StaticCache(Restorer):
     class Config(ComponentConfig):
         cache_scale: int = knob(-3, "scale whose branch outputs are cached (0-indexed; -k = k-th from the end); "
                                 "FastVAR: K-N, the last scale before the pruned ones",
-                                search=SearchSpace("int", low=-5, high=-2))
+                                search=SearchSpace("int", low=-5, high=-2), unit="scale")
         interpolation: str = knob("area", "how the cached map is resampled to the current grid (FastVAR: area)",
                                   choices=INTERPOLATIONS, search=SearchSpace("categorical", choices=INTERPOLATIONS))
         refresh: str = knob("fixed", "RECONSTRUCTED (LD-Pruning token-selection update): 'fixed' = cache taken "

@@ -59,7 +59,7 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
                              reconstructed=True)
         layer_profile: tuple[float, ...] = knob((), "fixed entropy of the state entering each block (one value per "
                                                 "block) used instead of the logit lens; () = measure it with the "
-                                                "lens at every pruned scale")
+                                                "lens at every pruned scale", unit="per_block")
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config

@@ -150,7 +150,7 @@ class ToProVARGate(Schedule):
     class Config(ComponentConfig):
         s_rep: int = knob(6, "representative scale (1-indexed NUMBER) whose attention-entropy maps classify layers "
                           "(the first classification with layer_classes='per_scale')",
-                          low=1, search=SearchSpace("int", 4, 8))
+                          low=1, search=SearchSpace("int", 4, 8), unit="scale_number")
         beta: float = knob(0.05, "R = exp(-beta (sigma1/sigma2 - 1)); Detail when R > detail_threshold", low=0.0,
                            low_open=True, search=SearchSpace("float", 0.01, 2.0, log=True))
         detail_threshold: float = knob(0.5, "layers with R above this are Detail layers (pruned)", low=0.0,

@@ -58,7 +58,7 @@ class AttentionScorer(Scorer):
         upsample: str = knob("bilinear", "resize of a previous scale's map to the current grid", choices=RESIZE_MODES,
                              reconstructed=True)
         blocks: tuple[int, ...] = knob((), "blocks whose attention entropy is computed; () = all",
-                                       low=0)
+                                       low=0, unit="block")
         missing: str = knob("lowest", "value given to tokens without a map value (not computed in that block)",
                             choices=MISSING_FILLS, reconstructed=True)
         min_region_keep: float = knob(0.0, "share of every grid cell's tokens ranked before all others (ToProVAR's "

@@ -34,7 +34,7 @@ class MSEScorer(Scorer):
                          choices=("mean_distance", "block_change"))
         # Optional[int], not ``int | None``: knobs.coerce reads "--set ...block=none" only for the former
         block: Optional[int] = knob(None, "SparseVAR's block s (0-indexed; negative counts from the end; None = "
-                                    "the middle block L//2)", reconstructed=True)
+                                    "the middle block L//2)", reconstructed=True, unit="block")
         upsample: str = knob("bilinear", "resize of the previous scale's change map to the current grid",
                              choices=RESIZE_MODES, reconstructed=True,
                              search=SearchSpace("categorical", choices=("nearest", "bilinear", "area")))

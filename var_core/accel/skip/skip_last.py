@@ -21,7 +21,8 @@ class SkipLast(ScaleSkip):
 
     @dataclass(frozen=True)
     class Config(ComponentConfig):
-        count: int = knob(2, "number of last scales left out", low=0, search=SearchSpace("int", low=0, high=3))
+        count: int = knob(2, "number of last scales left out", low=0, search=SearchSpace("int", low=0, high=3),
+                          unit="scales")
         mode: str = knob("stop", "'stop' ends generation there; 'skip' records each left-out scale as skipped",
                          choices=("stop", "skip"))
 
