@@ -5,7 +5,8 @@ Everything here fails before anything is loaded or generated, in one line (see :
 * :class:`ArgumentParser` — argparse whose errors are :class:`~var_core.errors.UserError` (``error: argument
   --samples: must be >= 2, got -1``) instead of a usage block;
 * ``type=`` functions — :func:`positive_int`, :func:`non_negative_int`, :func:`at_least`, :func:`positive_float`,
-  :func:`threads_setting`, :func:`preset_name`, :func:`model_name`, :func:`existing_path`, :func:`results_folder`,
+  :func:`finite_float`, :func:`seed_int`, :func:`threads_setting`, :func:`preset_name`, :func:`model_name`,
+  :func:`class_conditional_model`, :func:`strategy_name`, :func:`existing_path`, :func:`results_folder`,
   :func:`output_file`, :func:`accelerator`, :func:`devices_setting`, :func:`torch_device`;
 * :func:`check_args` — the same types applied after parsing to options declared elsewhere
   (:func:`check_evaluation_args` for the shared evaluation options);
@@ -18,6 +19,7 @@ Everything here fails before anything is loaded or generated, in one line (see :
 from __future__ import annotations
 
 import argparse
+import math
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -70,6 +72,45 @@ def positive_float(text) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def finite_float(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+                 why: str = "") -> Callable[[str], float]:
+    """A ``type=`` for finite numbers in ``[low, high]`` (``low_open``: ``(low, high]``): ``nan``, ``inf`` and
+    values that overflow a float (``1e400``) are refused with the range in the message; ``why`` is added to it."""
+    lo = "-inf" if low is None else f"{low:g}"
+    hi = "inf" if high is None else f"{high:g}"
+    span = f"{'(' if low_open or low is None else '['}{lo}, {hi}{')' if high is None else ']'}"
+    note = f" {why}" if why else ""
+
+    def parse(text) -> float:
+        try:
+            value = float(str(text).strip())
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number in {span}{note}, got {text}")
+        if (low is not None and (value < low or (low_open and value == low))) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be in {span}{note}, got {text}")
+        return value
+
+    parse.__name__ = f"float in {span}"
+    return parse
+
+
+#: The largest ``--seed``: 2**32 - 1, accepted by every generator the seed reaches (torch, numpy's legacy
+#: ``RandomState``, Optuna's samplers) and still a valid torch seed after the commands' ``seed * 100_000 + i``.
+MAX_SEED = 2**32 - 1
+
+
+def seed_int(text) -> int:
+    """``--seed``: a whole number in ``[0, 2**32 - 1]`` (a negative or huge seed fails in a generator mid-run)."""
+    value = _whole(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be a whole number in [0, {MAX_SEED}] (2**32 - 1), got {value}")
     return value
 
 
@@ -109,6 +150,40 @@ def model_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def class_conditional_model(text: str) -> str:
+    """A zoo model that generates from class labels (VAR family: ``testbed``, ``var-d16``, ...), not a
+    text-to-image one (Infinity, HART), with a did-you-mean."""
+    from var_core.zoo import ZOO
+
+    name = model_name(text)
+    spec = ZOO.get(name.removeprefix("random:"))
+    if spec is not None and spec.family != "var":
+        choices = sorted(n for n, s in ZOO.items() if s.family == "var")
+        raise argparse.ArgumentTypeError(f"{text} is a text-to-image model ({spec.family}); this command draws "
+                                         f"class-conditional grids: use one of {', '.join(choices)}")
+    return name
+
+
+#: ``--strategy`` values a generation can run under: Lightning's data-parallel strategies (every process generates
+#: its share of the batches; the ``ddp*`` names of ``lightning.pytorch.strategies.StrategyRegistry``, listed here so
+#: that parsing does not import Lightning). Sharding strategies (deepspeed, fsdp) and TPU ones have nothing to shard.
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook",
+              *(f"{base}_find_unused_parameters_{flag}" for base in ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
+                for flag in ("false", "true")))
+
+
+def strategy_name(text: str) -> str:
+    """``--strategy``: auto, ddp, ddp_spawn or another of Lightning's ``ddp*`` strategies, with a did-you-mean."""
+    name = str(text).strip()
+    known = STRATEGIES
+    if name in known:
+        return name
+    why = (" (it shards a model for training; generation runs a whole copy per process)"
+           if name.startswith(("deepspeed", "fsdp")) else "")
+    raise argparse.ArgumentTypeError(f"unknown strategy {text!r}{why}.{did_you_mean(name, known)} Use auto, ddp or "
+                                     f"ddp_spawn (or {', '.join(known[3:6])}, ...)")
+
+
 # ----- paths --------------------------------------------------------------------------------------------------
 def _file_on_the_way(path: Path) -> Path | None:
     """The existing non-folder that ``path`` or one of its parents is (it cannot become a folder), else None."""
@@ -132,6 +207,9 @@ def existing_path(text: str) -> str:
 
 def results_folder(text: str) -> str:
     """A results folder: new, or an existing folder to resume; an existing *file* is refused."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("an empty folder name (it would write into the current folder): give a "
+                                         "folder, e.g. results/my_study, or omit the option for the default folder")
     path = Path(text).expanduser()
     blocker = _file_on_the_way(path)
     if blocker is not None:
@@ -142,7 +220,9 @@ def results_folder(text: str) -> str:
 
 
 def output_file(text: str) -> str:
-    """A file to write (an image): refused when it is an existing folder or lies under a file."""
+    """A file to write (an image): refused when it is empty, an existing folder or lies under a file."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("an empty file name: give the file to write, e.g. results/grid.png")
     path = Path(text).expanduser()
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name, e.g. {path / 'grid.png'}")
@@ -203,13 +283,25 @@ def torch_device(text: str) -> str:
     return str(text).strip()
 
 
-def check_devices(accelerator_name: str, devices, num_nodes: int = 1, strategy: str = "auto") -> None:
+def check_devices(accelerator_name: str, devices, num_nodes: int = 1, strategy: str = "auto",
+                  samples: int | None = None, batch_size: int | None = None) -> None:
     """``--devices`` (any Lightning form), ``--num-nodes`` and ``--strategy`` must fit this machine and its launch
     (GPU count and indices; torchrun / SLURM process counts): the run's own decision, taken here first so that a
-    misfit fails before anything is loaded."""
+    misfit fails before anything is loaded. With ``samples`` and ``batch_size``: every process must get at least one
+    batch (``var_core.eval.lightning.shard_indices`` deals whole batches round-robin; a process with none has an
+    empty data loader)."""
     from var_core.eval.distributed import resolve_launch
 
-    resolve_launch(accelerator_name, devices, num_nodes, strategy)
+    launch = resolve_launch(accelerator_name, devices, num_nodes, strategy)
+    if samples is None or batch_size is None or launch.world_size <= 1:
+        return
+    batches = -(-int(samples) // int(batch_size))
+    if batches < launch.world_size:
+        largest = max(1, int(samples) // launch.world_size)
+        raise UserError(f"--samples {samples} with --batch-size {batch_size} makes {batches} batch(es) for "
+                        f"{launch.world_size} processes: every process needs at least one batch; use --batch-size "
+                        f"{largest} or less, --samples {(launch.world_size - 1) * int(batch_size) + 1} or more, or "
+                        f"fewer processes (--devices)")
 
 
 # ----- after parsing ------------------------------------------------------------------------------------------
@@ -231,7 +323,7 @@ def check_evaluation_args(args: argparse.Namespace) -> None:
     ``studies.sensitivity``), checked before anything is loaded."""
     check_args(args, model=model_name, weights=existing_path, classifier=existing_path,
                samples=at_least(2, "(confidence intervals need spread)"), batch_size=positive_int,
-               warmup=non_negative_int, timing_repeats=positive_int, threads=positive_int)
+               warmup=non_negative_int, timing_repeats=positive_int, threads=positive_int, seed=seed_int)
 
 
 @contextmanager

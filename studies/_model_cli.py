@@ -23,8 +23,18 @@ from __future__ import annotations
 
 import argparse
 
-from studies._args import existing_path, non_negative_int, positive_float
+from studies._args import existing_path, finite_float, non_negative_int
 from var_core.engine.sampling import DRAWS
+
+#: ``--cfg``: official defaults are 1.5-4 (VAR 1.5, Infinity 3-4, HART 4.5); far beyond that every distribution is
+#: its arg-max already, and at 1e308 the guided logits overflow to inf / nan mid-run.
+MAX_CFG = 100.0
+#: ``--temperature`` (Infinity's tau; official 0.5-1): below 0.01 sampling is greedy in all but name and the
+#: logits / tau overflow at 1e-300; above 100 it is uniform noise.
+TEMPERATURE_RANGE = (0.01, 100.0)
+
+cfg_strength = finite_float(0.0, MAX_CFG, why="(official defaults 1.5-4.5; 0: no guidance)")
+temperature_value = finite_float(*TEMPERATURE_RANGE, why="(official 0.5-1; for greedy sampling use --top-k 1)")
 
 MODEL_SETTINGS = ("vae_weights", "text_encoder", "cfg", "top_k", "top_p", "temperature", "draw", "prompts",
                   "save_images")
@@ -64,6 +74,9 @@ def image_folder(text: str) -> str:
     """``--save-images DIR``: a folder (new or existing), not a file."""
     from pathlib import Path
 
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("an empty folder name (it would write into the current folder): give a "
+                                         "folder, or --save-images alone for the results folder")
     path = Path(text).expanduser()
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file: give a folder (its images/ tree is written inside)")
@@ -83,12 +96,12 @@ def add_model_arguments(p: argparse.ArgumentParser, *, weights: bool = True, pro
                         "transformer")
     p.add_argument("--text-encoder", default=None, type=existing_path,
                    help="Infinity: the flan-t5-xl folder, or its Hugging Face cache folder models--google--flan-t5-xl")
-    p.add_argument("--cfg", type=non_negative_float, default=None,
+    p.add_argument("--cfg", type=cfg_strength, default=None,
                    help="classifier-free guidance strength (default: the model's; VAR ramps to it over the scales)")
     p.add_argument("--top-k", type=non_negative_int, default=None, help="top-k filter (0: off; default: the model's)")
     p.add_argument("--top-p", type=unit_interval, default=None, help="top-p filter in [0, 1] (0: off; default: the "
                                                                       "model's)")
-    p.add_argument("--temperature", type=positive_float, default=None,
+    p.add_argument("--temperature", type=temperature_value, default=None,
                    help="sampling temperature (default: the model's; Infinity's tau)")
     p.add_argument("--draw", choices=DRAWS, default=None,
                    help="how each sample's generator draws a token: multinomial (default: torch.multinomial over "

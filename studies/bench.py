@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from profilers.benchmarks import ENGINE_SAMPLING, bench_engine, bench_presets, bench_sampling
-from studies._args import ArgumentParser, model_name, positive_int, preset_name
+from studies._args import ArgumentParser, model_name, positive_int, preset_name, seed_int, torch_device
 from studies._cli import run_cli
 from studies._model_cli import add_model_arguments
 from var_core.engine import SamplingConfig
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     eng.add_argument("--model", default="random:var-d16", type=model_name)
     eng.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8])
     eng.add_argument("--repeats", type=positive_int, default=3)
-    eng.add_argument("--seed", type=int, default=0)
+    eng.add_argument("--seed", type=seed_int, default=0)
     eng.add_argument("--with-decode", action="store_true", help="include the VQ decoder in the timed region")
     # the engine bench compares against the VAR reference loop: class labels only, so no --prompts
     add_model_arguments(eng, prompts=False)
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--model", default="testbed", type=model_name)
     pre.add_argument("--batch-size", type=positive_int, default=1)
     pre.add_argument("--repeats", type=positive_int, default=3)
-    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--seed", type=seed_int, default=0)
     pre.add_argument("--presets", nargs="*", default=None, type=preset_name)
     pre.add_argument("--threads", type=positive_int, default=None,
                      help="torch intra-op threads (default: torch's own; 1 gives the steadiest ratios on a shared CPU)")
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ent = sub.add_parser("entropy", help="ToProVAR's attention entropy (fused / chunked / materialised) vs SDPA")
     ent.add_argument("--repeats", type=positive_int, default=5)
     ent.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads")
-    ent.add_argument("--device", default="cpu", help="cpu or cuda (the fused entropy route is CPU-only; CUDA runs "
+    ent.add_argument("--device", default="cpu", type=torch_device,
+                     help="cpu or cuda (the fused entropy route is CPU-only; CUDA runs "
                      "the chunked pass)")
     args = parser.parse_args(argv)
     return run_bench(args)

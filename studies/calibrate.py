@@ -19,7 +19,7 @@ import math
 import sys
 from pathlib import Path
 
-from studies._args import ArgumentParser, at_least, existing_path, model_name, positive_int, results_folder
+from studies._args import ArgumentParser, at_least, existing_path, model_name, positive_int, results_folder, seed_int
 from studies._cli import note_results_folder, run_cli
 
 METHODS = ("toprovar",)
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=at_least(2, "(a distribution needs spread)"), default=32,
                    help="samples (default 32; the paper: ~50 prompts)")
     p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--seed", type=int, default=0, help="base seed; sample i uses a hash of (seed, i)")
+    p.add_argument("--seed", type=seed_int, default=0, help="base seed; sample i uses a hash of (seed, i)")
     p.add_argument("--ssim", type=_unit_interval, default=0.8, help="SSIM threshold of a good exit (default 0.8)")
     p.add_argument("--source", choices=RHO_SOURCES, default="attention_block0",
                    help="entropy map behind rho_s (default attention_block0, as low_entropy_ratio)")

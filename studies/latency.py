@@ -33,7 +33,7 @@ import torch
 from profilers.latency_report import (PROTOCOL, LatencySettings, arch_flops_summary, default_out_dir, latency_device,
                                       latency_methods, report_latency)
 from studies._args import (ArgumentParser, model_name, non_negative_int, positive_int, preset_name, results_folder,
-                           torch_device)
+                           seed_int, torch_device)
 from studies._cli import run_cli
 from studies._model_cli import add_model_arguments, model_settings
 
@@ -53,6 +53,7 @@ def run_latency(settings: LatencySettings, command: str | None = None, log=print
         adapter = load_study_model(model, settings.weights, vae_weights=settings.vae_weights,
                                    text_encoder=settings.text_encoder, device=latency_device(settings),
                                    dtype=getattr(torch, settings.dtype), seed=settings.seed)
+        check_breakdown_scale(settings.breakdown_scale, adapter.num_scales, model)
         sampling = resolve_sampling(adapter, model, settings.weights, sampling_overrides(settings))
         images = images_root(settings.save_images, default_out_dir(settings, adapter.model_name))
         return report_latency(settings, adapter, model, sampling, notes=notes, images_root=images, command=command,
@@ -60,6 +61,16 @@ def run_latency(settings: LatencySettings, command: str | None = None, log=print
     finally:
         if torch.get_num_threads() != previous_threads:
             torch.set_num_threads(previous_threads)
+
+
+def check_breakdown_scale(scale: int | None, num_scales: int, model: str) -> None:
+    """``--breakdown-scale`` must name a scale of the loaded model (0 … num_scales - 1): the report would otherwise
+    break down another scale than the one asked for."""
+    from var_core.errors import UserError
+
+    if scale is not None and not 0 <= scale < num_scales:
+        raise UserError(f"argument --breakdown-scale: {model} has {num_scales} scales (0 … {num_scales - 1}), got "
+                        f"{scale}; give one of them or leave the option out for the last scale")
 
 
 def _arch_flops_main(args) -> int:
@@ -88,11 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="discarded generations per method and batch (default 2)")
     p.add_argument("--out", default=None, type=results_folder, help="output folder")
     p.add_argument("--profile", action="store_true", help="also a torch.profiler chrome trace and op table")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--device", default=None, type=torch_device, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--breakdown-scale", type=int, default=None, help="scale of the Table-8 breakdown (default last)")
+    p.add_argument("--breakdown-scale", type=non_negative_int, default=None,
+                   help="scale of the Table-8 breakdown, 0-indexed (default: the last)")
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument("--arch-flops", action="store_true",
                    help="only print the analytic per-scale FLOPs of --model's architecture for a dense generation "

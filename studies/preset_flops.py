@@ -13,12 +13,12 @@ planned FLOPs, transformer + head + conditioning, CFG on, batch 1, the given tex
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
 import torch
 
+from studies._args import ArgumentParser, non_negative_int, positive_int, preset_name
 from studies._cli import fail, run_cli
 
 ARCHS = ("infinity-2b", "infinity-8b", "hart-0.7b")
@@ -60,13 +60,13 @@ def _proxy_adapter(spec, seed: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies.preset_flops", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m studies.preset_flops", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="random:infinity-2b", help="infinity-2b, infinity-8b or hart-0.7b (weights not needed)")
-    p.add_argument("--presets", nargs="*", default=None, help="presets (default: all)")
-    p.add_argument("--text-len", type=int, default=64, help="text tokens seen by cross-attention (default 64)")
-    p.add_argument("--proxy", type=int, default=0, metavar="N",
+    p.add_argument("--presets", nargs="*", default=None, type=preset_name, help="presets (default: all)")
+    p.add_argument("--text-len", type=positive_int, default=64, help="text tokens seen by cross-attention (default 64)")
+    p.add_argument("--proxy", type=non_negative_int, default=0, metavar="N",
                    help="also estimate adaptive presets on N prompts through a random narrow proxy (default 0)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

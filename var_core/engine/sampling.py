@@ -6,9 +6,12 @@ references to the guided logits without a defensive copy.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from ..errors import UserError
 
 DRAWS = ("inverse_cdf", "multinomial")
 
@@ -41,14 +44,14 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if self.draw not in DRAWS:
             raise ValueError(f"draw must be one of {DRAWS}, got {self.draw!r}")
-        if self.cfg < 0:
-            raise ValueError(f"cfg must be >= 0, got {self.cfg}")
+        if not (math.isfinite(self.cfg) and self.cfg >= 0):
+            raise ValueError(f"cfg must be a finite number >= 0, got {self.cfg}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 <= self.top_p <= 1.0:
             raise ValueError(f"top_p must be in [0, 1] (0 disables it), got {self.top_p}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
 
     @property
     def greedy(self) -> bool:
@@ -158,7 +161,22 @@ def _draw_top_k_inverse_cdf(logits_BNV: torch.Tensor, top_k: int, top_p: float,
                            for g in generators])
     target = uniform.unsqueeze(-1) * cdf[..., -1:]  # [B, N, 1] in [0, total mass)
     pick = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).clamp_(max=top_k - 1)
+    if not bool(torch.isfinite(cdf[..., -1]).all()):  # a nan CDF would pick the last survivor in silence
+        return None  # the caller's multinomial path refuses it in one line
     return index.gather(-1, pick).view(B, N)
+
+
+class NonFiniteLogitsError(UserError, RuntimeError):
+    """The token distribution holds inf / nan: the guided logits overflowed (a guidance strength or a temperature
+    far outside the official range, or a half-precision dtype). One ``error:`` line naming the knobs to change,
+    instead of ``torch.multinomial``'s "probability tensor contains either inf, nan or element < 0"."""
+
+
+def _non_finite(sampling: SamplingConfig) -> NonFiniteLogitsError:
+    return NonFiniteLogitsError(
+        f"the token probabilities hold inf or nan (the guided logits overflowed) with cfg={sampling.cfg:g}, "
+        f"temperature={sampling.temperature:g}: lower --cfg (official 1.5-4.5), raise --temperature (official "
+        f"0.5-1), or generate in float32 (--dtype float32)")
 
 
 def draw_categorical(
@@ -190,9 +208,14 @@ def draw_categorical(
             return tokens
     filtered = filter_top_k_top_p(logits_BNV, sampling.top_k, sampling.top_p)
     probs = filtered.softmax(dim=-1)
-    if shared_generator is not None or generators is None:
-        flat = torch.multinomial(probs.view(-1, V), 1, replacement=True, generator=shared_generator)
-        return flat.view(B, N)
-    return torch.cat(
-        [torch.multinomial(probs[b], 1, replacement=True, generator=generators[b]).view(1, N) for b in range(B)]
-    )
+    try:  # torch.multinomial checks its input anyway: catching its refusal costs nothing per draw
+        if shared_generator is not None or generators is None:
+            flat = torch.multinomial(probs.view(-1, V), 1, replacement=True, generator=shared_generator)
+            return flat.view(B, N)
+        return torch.cat(
+            [torch.multinomial(probs[b], 1, replacement=True, generator=generators[b]).view(1, N) for b in range(B)]
+        )
+    except RuntimeError as exc:
+        if "probability tensor contains" in str(exc):
+            raise _non_finite(sampling) from None
+        raise

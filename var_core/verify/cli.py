@@ -34,13 +34,31 @@ def detect_family(folder: Path) -> str:
                     f"official_hart_tiny")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are user errors: one ``error:`` line and exit 2 (not a usage block)."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+def _threads(text: str) -> int:
+    """``--threads``: a whole number >= 1 (torch refuses 0 and negative counts with a traceback)."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m var_core.verify", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m var_core.verify", description=__doc__.split("\n\n")[0])
     parser.add_argument("fixture_dir", type=Path, help="folder in the format of shared/fixtures/official_var_tiny, "
                                                        "official_infinity_tiny or official_hart_tiny")
     parser.add_argument("--partial", action="store_true",
                         help="accept a folder without SHA256SUMS: check only the files present (marked PARTIAL)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
+    parser.add_argument("--threads", type=_threads, default=None, help="torch threads (default: leave as is)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
