@@ -106,7 +106,7 @@ FAMILIES: dict[str, tuple[Callable[[FamilyContext], list[Arm]], str]] = {}
 FAMILY_INFO: dict[str, FamilyInfo] = {}
 FAMILY_MODULES = ("scorer", "activation", "linkage", "cache", "guidance", "extractor", "method", "options", "depth",
                   "criterion")
-NOT_FAMILIES = ("base", "runner", "overrides", "probes", "validate", "report", "calibrate")
+NOT_FAMILIES = ("base", "runner", "overrides", "probes", "validate", "report", "calibrate", "loadwatch")
 
 
 def family(name: str, doc: str, *, table: str = "", analysis: Callable[[AnalysisContext], dict] | None = None,

@@ -60,11 +60,13 @@ def wrap_label(draw, text: str, font, max_width: int, max_lines: int) -> list[st
 
 
 def save_labelled_grid(images_B3HW: torch.Tensor, path: str | Path, nrow: int, *, row_labels: Sequence[str],
-                       upscale: int = 1, pad: int = 2, max_label_width: int = 240) -> Path:
+                       upscale: int = 1, pad: int = 2, max_label_width: int = 240, root: str | Path | None = None
+                       ) -> Path:
     """Save ``images`` as a grid of ``nrow`` columns with ``row_labels[r]`` written left of row ``r``.
 
     The margin is as wide as the widest label (at most ``max_label_width`` pixels; longer names wrap, see
-    :func:`wrap_label`); the font size follows the row height (11-16 px)."""
+    :func:`wrap_label`); the font size follows the row height (11-16 px). Written atomically and never through a
+    symbolic link (:func:`var_core.eval.records.write_atomic`; ``root``: the results folder, no link below it)."""
     from PIL import Image, ImageDraw
 
     from var_core.eval.images import image_grid, to_uint8
@@ -91,7 +93,6 @@ def save_labelled_grid(images_B3HW: torch.Tensor, path: str | Path, nrow: int, *
         top = pad * upscale + r * row_h + (H * upscale - line_h * len(lines)) // 2
         for j, line in enumerate(lines):
             draw.text((LABEL_PAD, top + j * line_h), line, fill="black", font=font)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
-    return path
+    from var_core.eval.records import write_atomic
+
+    return write_atomic(Path(path), lambda tmp: canvas.save(tmp, format="PNG"), root=root)

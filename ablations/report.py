@@ -22,6 +22,8 @@ from var_core.eval import records as rec
 from var_core.eval.lightning import TIMED_REGION
 from var_core.eval.stats import format_summary, holm_adjust
 
+from .loadwatch import FLAG_MARK, IDENTICAL_MARK, is_identical, sequential_marks, table_footnotes
+
 __all__ = ["table_frame", "write_table", "write_plots", "write_overview_grid", "log_wandb", "write_report",
            "headline_speedup", "wandb_study", "study_artifact_files",
            "load_records", "read_folder", "FolderContents", "plot_quality_vs_flops", "plot_layer_entropy", "plot_gamma",
@@ -253,6 +255,8 @@ def table_frame(records: list[dict], unavailable: list | None = None, interleave
         row["speedup_headline_timing"] = headline["description"]
         ident = r["metrics"]["per_sample"].get("identical")
         row["identical_fraction"] = (float(np.mean([v for v in ident if v is not None])) if ident else None)
+        row["identical_to_baseline"] = is_identical(r)  # every token and image of every sample (ablations.loadwatch)
+        row["timing_flag"] = "; ".join(((t.get("load") or {}).get("flag")) or []) or None
         row["memory_source"] = memory_source(r)  # "analytic" for an old CPU record without it
         tests = r["metrics"].get("wilcoxon_vs_baseline", {})
         for name in ("class_prob", "entropy_mean"):
@@ -448,9 +452,17 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
     header = ["arm", "n"] + [labels.get(m[0], m[2] + (batches_note if m[0] == "ms_per_image" else ""))
                              for m in present]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    # ablations.loadwatch: † on a sequential timing taken while the load moved; "(= baseline)" on an arm whose every
+    # token and image equals the baseline's, in its `identical` cell (in its name's cell without that column)
+    marks = sequential_marks(records)
+    same_cell = "identical" if any(m[0] == "identical" for m in present) else "arm"
     for r in records:
-        cells = [f"**{r['arm']}**" if r["role"] == "baseline" else r["arm"], str(r["samples"]["n"])]
-        cells += [_cell(r, m[0], m[1], m[3]) for m in present]
+        same = f" {IDENTICAL_MARK}" if r["role"] != "baseline" and is_identical(r) else ""
+        cells = [f"**{r['arm']}**" if r["role"] == "baseline" else r["arm"] + (same if same_cell == "arm" else ""),
+                 str(r["samples"]["n"])]
+        cells += [_cell(r, m[0], m[1], m[3]) + (same if m[0] == same_cell else "")
+                  + (f" {FLAG_MARK}" if marks.get(r["arm"], {}).get({"ms_per_image": "ms", "speedup": "speedup"}
+                                                                    .get(m[0], "")) else "") for m in present]
         lines.append("| " + " | ".join(cells) + " |")
     for arm in unavailable:
         lines.append("| " + " | ".join([arm.name, "0"] + ["unavailable"] * len(present)) + " |")
@@ -487,6 +499,7 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
         doc.append(width)
     doc.extend(lines)
     doc.append("")
+    doc.extend(table_footnotes(records))
     protocols = sorted({str(r["metrics"].get("set_level", {}).get(name, {}).get("protocol"))
                         for r in records for name in ("fid_inception", "kid_inception", "is_inception")
                         if isinstance(r["metrics"].get("set_level", {}).get(name), dict)

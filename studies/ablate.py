@@ -50,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=positive_int, default=16, help="generation batch size (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="base seed; sample i uses a hash of (seed, i)")
     parser.add_argument("--out", default=None, type=results_folder,
-                        help="results folder (default results/ablate/<family>_<model>_n<N>_seed<S>); re-use it "
-                             "to resume")
+                        help="results folder (default results/ablate/<family>_<model>_n<N>_seed<S>, plus a part "
+                             "per --set / --prompts / sampling / --dtype / weights setting given); re-use it to "
+                             "resume (records of another configuration are moved to <out>/superseded/, never "
+                             "deleted)")
     parser.add_argument("--accelerator", default="cpu", type=accelerator,
                         help="Lightning accelerator: cpu, gpu, auto (default cpu)")
     parser.add_argument("--devices", type=devices_setting, default=1,

@@ -36,6 +36,9 @@ def main(argv=None) -> int:
     out_dir = Path(args.run_dir)
     if not out_dir.is_dir():
         raise UserError(f"{out_dir} is a file: give the results folder of python -m studies.ablate")
+    from var_core.eval.records import refuse_links_in
+
+    refuse_links_in(out_dir)  # the table, plots, grids and imports are written here: never through a planted link
     # JSON records, and tensors read with weights_only=True: nothing in the folder is run. An arm that cannot be
     # read is listed (naming the file) in the table and below, never dropped.
     contents = read_folder(out_dir)

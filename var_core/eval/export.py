@@ -22,13 +22,14 @@ GenEval at ``images/<arm>/geneval``, clean-fid / pytorch-fid at ``images/<arm>/f
 ``images/<arm>/samples.npz``.
 
 Files are written to a temporary name and renamed, so an interrupted export leaves whole files; a re-export
-(resumed study) overwrites them. PNGs are written with Pillow (lossless, 8-bit RGB).
+(resumed study) overwrites them. Nothing is written through a symbolic link below ``root`` (a planted
+``images/<arm> -> elsewhere`` is refused with a ``UserError`` naming it: :func:`var_core.eval.records.write_atomic`).
+PNGs are written with Pillow (lossless, 8-bit RGB).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -36,7 +37,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .records import arm_slug
+from .records import arm_slug, write_atomic
 
 __all__ = ["LAYOUTS", "export_images", "images_dir", "default_layouts"]
 
@@ -53,25 +54,14 @@ def default_layouts(text_to_image: bool) -> tuple[str, ...]:
     return ("geneval", "flat") if text_to_image else ("flat", "npz")
 
 
-def _replace_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _png(array_hw3: np.ndarray, path: Path) -> None:
+def _png(array_hw3: np.ndarray, path: Path, root: Path) -> None:
     from PIL import Image
 
-    _replace_atomic(path, lambda tmp: Image.fromarray(array_hw3).save(tmp, format="PNG"))
+    write_atomic(path, lambda tmp: Image.fromarray(array_hw3).save(tmp, format="PNG"), root=root)
 
 
-def _text(content: str, path: Path) -> None:
-    _replace_atomic(path, lambda tmp: tmp.write_text(content, encoding="utf-8"))
+def _text(content: str, path: Path, root: Path) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(content, encoding="utf-8"), root=root)
 
 
 def _as_nhwc_u8(images) -> np.ndarray:
@@ -135,19 +125,20 @@ def export_images(root: str | Path, arm: str, images, conditions, *, indices: Se
             entry["label"] = int(conditions.labels[i])
         if "flat" in layouts:
             path = folder / "flat" / f"{i:05d}.png"
-            _png(array[row], path)
+            _png(array[row], path, root)
             entry["flat"] = str(path.relative_to(folder))
         if "geneval" in layouts:
             sub = folder / "geneval" / f"{entry['prompt_id']:05d}"
             path = sub / "samples" / f"{entry['repeat']:04d}.png"
-            _png(array[row], path)
+            _png(array[row], path, root)
             entry["geneval"] = str(path.relative_to(folder))
         lines.append(entry)
     if "geneval" in layouts:
         written = sorted({e["prompt_id"] for e in lines})
         for pid in written:
             meta = dict(prompt_metadata(pid)) if prompt_metadata is not None else _metadata_from(conditions, pid)
-            _text(json.dumps(meta, ensure_ascii=False) + "\n", folder / "geneval" / f"{pid:05d}" / "metadata.jsonl")
+            _text(json.dumps(meta, ensure_ascii=False) + "\n", folder / "geneval" / f"{pid:05d}" / "metadata.jsonl",
+                  root)
         out["geneval"] = str(folder / "geneval")
         out["prompts"] = len(written)
     if "flat" in layouts:
@@ -160,9 +151,9 @@ def export_images(root: str | Path, arm: str, images, conditions, *, indices: Se
             with open(tmp, "wb") as handle:  # a file handle: np.savez would append ".npz" to a bare name
                 np.savez(handle, arr_0=array, arr_1=labels)
 
-        _replace_atomic(path, write_npz)
+        write_atomic(path, write_npz, root=root)
         out["npz"] = str(path)
-    _text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in lines), folder / "samples.jsonl")
+    _text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in lines), folder / "samples.jsonl", root)
     out["index"] = str(folder / "samples.jsonl")
     return out
 

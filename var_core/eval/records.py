@@ -23,21 +23,24 @@ import platform
 import re
 import subprocess
 import sys
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..engine import SamplingConfig
+from ..errors import UserError
 from .environment import attention_backend, device_name, model_dtype, sdpa_backend  # noqa: F401 - re-exported
 from .lightning import TIMED_REGION, ConditionSet
 
 __all__ = [
     "SCHEMA", "REQUIRED_KEYS", "RunConfig", "arm_slug", "environment_info", "git_info", "package_versions",
     "write_json_atomic", "read_record", "load_record", "RecordError", "find_reusable", "validate_record",
-    "to_jsonable", "record_paths",
+    "to_jsonable", "record_paths", "UnsafeResultsPath", "check_no_links", "make_dirs", "write_atomic",
+    "refuse_links_in", "run_key_tag",
 ]
 
 SCHEMA = "varscope.arm/1"
@@ -70,21 +73,96 @@ def to_jsonable(value: Any) -> Any:
     return str(value)
 
 
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write JSON to ``path`` via a temporary file in the same folder and ``os.replace`` (never half-written)."""
+class UnsafeResultsPath(UserError):
+    """A path inside a results folder that is (or passes through) a symbolic link: writing there could land
+    outside the folder (a planted ``grids/overview.png -> ~/.bashrc``), so nothing is written through it."""
+
+
+def check_no_links(path: str | Path, root: str | Path | None = None) -> Path:
+    """``path`` when neither it nor any folder between ``root`` (exclusive: the results folder the user named may
+    itself be a link) and it is a symbolic link; else :class:`UnsafeResultsPath` naming the link. ``root`` None:
+    only ``path`` and its parent folder are checked. A ``path`` outside ``root`` is checked as if root were None."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    parts: list[Path] = []
+    rel = None
+    if root is not None:
+        try:
+            rel = path.relative_to(Path(root))
+        except ValueError:
+            rel = None
+    if rel is not None:
+        current = Path(root)
+        for part in rel.parts:
+            current = current / part
+            parts.append(current)
+    else:
+        parts = [path.parent, path]
+    for candidate in parts:
+        if candidate.is_symlink():
+            raise UnsafeResultsPath(
+                f"{candidate} is a symbolic link (to {os.readlink(candidate)}): varscope never writes through a "
+                f"link inside a results folder (it could overwrite a file elsewhere); remove the link "
+                f"(rm {candidate}) and re-run")
+    return path
+
+
+def make_dirs(folder: str | Path, root: str | Path | None = None) -> Path:
+    """``mkdir -p folder`` that refuses (:class:`UnsafeResultsPath`) a symbolic link on the way below ``root``."""
+    folder = Path(folder)
+    check_no_links(folder, root)
+    folder.mkdir(parents=True, exist_ok=True)
+    return check_no_links(folder, root)  # a link planted while the folders were made
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], None], *, root: str | Path | None = None) -> Path:
+    """The one way files are written into a results folder: ``write(tmp)`` fills a fresh temporary file (created
+    exclusively, so a planted link at its name is never followed) beside ``path``, which then replaces ``path``
+    with ``os.replace`` (never half-written; an interruption leaves the previous file, or none, and no temporary).
+    Refuses (:class:`UnsafeResultsPath`) when ``path`` or a folder between ``root`` and it is a symbolic link."""
+    path = Path(path)
+    check_no_links(path, root)
+    make_dirs(path.parent, root)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # O_EXCL: fails on any existing entry, a (dangling) link included; mode 0o666 & ~umask like an ordinary file
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o666))
     try:
-        with open(tmp, "w") as handle:
-            json.dump(to_jsonable(data), handle, indent=1, allow_nan=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write(tmp)
+        check_no_links(path, root)
+        os.replace(tmp, path)  # replaces a directory entry: a link created meanwhile is replaced, not followed
     except BaseException:  # Ctrl-C or a full disk mid-write: the previous file (or none) stays, no temporary
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json_atomic(path: str | Path, data: Any, *, root: str | Path | None = None) -> Path:
+    """Write JSON to ``path`` with :func:`write_atomic` (temporary file, fsync, ``os.replace``; no links)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w") as handle:
+            json.dump(to_jsonable(data), handle, indent=1, allow_nan=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    return write_atomic(path, write, root=root)
+
+
+RESULTS_OWN_LINKS = ("wandb",)  # subfolders whose inside is another program's (W&B keeps a latest-run link)
+
+
+def refuse_links_in(folder: str | Path) -> None:
+    """Refuse (:class:`UnsafeResultsPath`, naming the first one) a results folder holding a symbolic link anywhere
+    inside it (``folder`` itself may be one): the plots, grids, tables and image exports written into it must never
+    land elsewhere. The inside of ``wandb/`` (W&B's own ``latest-run`` link) is not looked at."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for top, dirs, files in os.walk(folder, followlinks=False):
+        for name in sorted(dirs + files):
+            path = Path(top) / name
+            if path.is_symlink():
+                check_no_links(path, folder)
+        if Path(top) == folder:
+            dirs[:] = [d for d in dirs if d not in RESULTS_OWN_LINKS]
 
 
 def arm_slug(name: str) -> str:
@@ -178,6 +256,8 @@ class RunConfig:
     devices: Any = 1
     strategy: str = "auto"
     num_nodes: int = 1
+    vae_weights: str | None = None  # --vae-weights (official checkpoints): part of the key when given
+    text_encoder: str | None = None  # --text-encoder (text-to-image models): part of the key when given
 
     @property
     def config_hash(self) -> str:
@@ -192,11 +272,16 @@ class RunConfig:
 
     def key(self) -> dict:
         """What must match for a stored record to be reused (timing settings deliberately excluded)."""
-        return {
+        key = {
             "config_hash": self.config_hash + ("+plain" if self.plain_loop else ""),
             "model": self.model, "weights": str(Path(self.weights).resolve()) if self.weights else None,
             "dtype": self.dtype, "sampling": self.sampling_dict(), "samples": self.conditions.content_hash(),
         }
+        for name in ("vae_weights", "text_encoder"):  # only when given: the keys of other records stay as they were
+            value = getattr(self, name)
+            if value:
+                key[name] = str(Path(value).expanduser().resolve())
+        return key
 
 
 def new_record(config: RunConfig) -> dict:
@@ -211,6 +296,18 @@ def new_record(config: RunConfig) -> dict:
                                       "timed_region": TIMED_REGION},
         "metrics": {}, "summary": {}, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def run_key_tag(record: dict) -> str:
+    """A readable folder name for the configuration a record was made with (what all arms of one study share:
+    its key less the policy's config hash), e.g. ``n4_seed1_3fa9c2d1``: samples, base seed, then a hash of the
+    model, weights, dtype, sampling and sample set. Records of one earlier study share one tag."""
+    import hashlib
+
+    key = {k: v for k, v in (record.get("key") or {}).items() if k != "config_hash"}
+    digest = hashlib.sha1(json.dumps(to_jsonable(key), sort_keys=True).encode()).hexdigest()[:8]
+    samples = record.get("samples") or {}
+    return arm_slug(f"n{samples.get('n', '?')}_seed{samples.get('base_seed', '?')}_{digest}")
 
 
 # ----- reading / resuming ----------------------------------------------------------------------------------
