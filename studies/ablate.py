@@ -23,7 +23,7 @@ import sys
 
 from studies._args import (ArgumentParser, accelerator, at_least, check_devices, devices_setting, existing_path,
                            lightning_interrupts, model_name, non_negative_int, positive_int, preset_name,
-                           results_folder, threads_setting)
+                           results_folder, seed_int, strategy_name, threads_setting)
 from studies._cli import note_results_folder, run_cli
 from studies._model_cli import add_model_arguments, model_settings
 
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="samples per arm (default: the family's, 64; scorer 32, its 19 arms within the "
                              "default study's 5 minutes)")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="generation batch size (default 16)")
-    parser.add_argument("--seed", type=int, default=0, help="base seed; sample i uses a hash of (seed, i)")
+    parser.add_argument("--seed", type=seed_int, default=0, help="base seed; sample i uses a hash of (seed, i)")
     parser.add_argument("--out", default=None, type=results_folder,
                         help="results folder (default results/ablate/<family>_<model>_n<N>_seed<S>, plus a part "
                              "per --set / --prompts / sampling / --dtype / weights setting given); re-use it to "
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-nodes", type=positive_int, default=1,
                         help="machines (default 1): with --strategy ddp run the same command on every node with "
                              "MASTER_ADDR, MASTER_PORT and NODE_RANK set; torchrun / SLURM set it themselves")
-    parser.add_argument("--strategy", default="auto",
+    parser.add_argument("--strategy", default="auto", type=strategy_name,
                         help="Lightning strategy: auto (ddp_spawn when devices > 1 on one node, ddp on several "
                              "nodes or under torchrun / SLURM), ddp (every process runs this command; rank 0 writes "
                              "the results), ddp_spawn")
@@ -210,7 +210,8 @@ def main(argv=None) -> int:
         print(f"error: unknown command {args.command!r}.{hint} Use a family ({', '.join(families)}), 'ls' or "
               f"'validate'.", file=sys.stderr)
         return 2
-    check_devices(args.accelerator, args.devices, args.num_nodes, args.strategy)
+    check_devices(args.accelerator, args.devices, args.num_nodes, args.strategy, samples=default_samples(args),
+                  batch_size=args.batch_size)
     return cmd_family(args)
 
 
