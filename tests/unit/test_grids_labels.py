@@ -72,3 +72,19 @@ def test_a_long_name_wraps_instead_of_widening_without_bound(tmp_path):
 def test_wrong_number_of_labels_is_refused(tmp_path):
     with pytest.raises(ValueError, match="2 rows"):
         save_labelled_grid(_images(), tmp_path / "x.png", nrow=K, row_labels=["only one"])
+
+
+def test_twenty_rows_each_with_its_label(tmp_path):
+    """An overview of 20 arms: 20 rows, none dropped, each with text in its margin band (issue 25)."""
+    names = [f"{s}@tau={t}" for s in ("entropy", "random", "mse", "lhep", "freq") for t in (0.2, 0.4, 0.6, 0.8)]
+    images = torch.rand(20 * 2, 3, H, H, generator=torch.Generator().manual_seed(1))
+    plain = _png(save_grid(images, tmp_path / "plain.png", nrow=2, upscale=2))
+    labelled = _png(save_labelled_grid(images, tmp_path / "many.png", nrow=2, upscale=2, row_labels=names))
+    row_h = (H + 2) * 2
+    assert plain.shape[0] == labelled.shape[0] == 4 + 20 * row_h  # 2 px padding above and below, times 2
+    margin = labelled.shape[1] - plain.shape[1]
+    assert np.array_equal(labelled[:, margin:], plain)
+    strip = labelled[:, :margin].min(axis=2)
+    for r in range(20):
+        band = strip[4 + r * row_h: 4 + r * row_h + H * 2]
+        assert (band < 128).sum() > 20, f"row {r} ({names[r]}): no text in the margin"
