@@ -194,7 +194,10 @@ def _file_on_the_way(path: Path) -> Path | None:
 
 
 def existing_path(text: str) -> str:
-    """A file or folder that exists (weights, classifier, ...)."""
+    """A file or folder that exists (weights, classifier, ...); an empty name (which would mean the current
+    folder) is refused."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("an empty path: give the file or folder")
     path = Path(text).expanduser()
     if not path.exists():
         hint = ""

@@ -85,6 +85,8 @@ PARSE_CASES = (
         pytest.param("demo", ["--out", ""], "--out: an empty file name", id="demo-out-empty"),
         pytest.param("ablate", ["scorer", "--save-images", "", "--out", "{out}"], "--save-images: an empty folder",
                      id="ablate-save-images-empty"),
+        pytest.param("ablate", ["scorer", "--weights", "", "--out", "{out}"], "--weights: an empty path",
+                     id="ablate-weights-empty"),
         pytest.param("bench", ["entropy", "--device", "tpu"], "unknown device 'tpu'", id="bench-entropy-device-tpu"),
         pytest.param("preset-flops", ["--proxy", "-1"], "--proxy: must be >= 0", id="preset-flops-proxy-negative"),
         pytest.param("preset-flops", ["--text-len", "-5"], "--text-len: must be >= 1",
