@@ -7,15 +7,18 @@ arms biases their sequential speedups: on a shared CPU an arm bit-identical to t
 (``time.process_time``: all its threads) and the wall clock; :func:`load_summary` reduces them to one entry per arm
 (``record["timing"]["load"]``) with a ``flag`` when the timing is not trustworthy, by :data:`RULE`:
 
-1. **the load moved**: the 1-minute load at the end of the arm's timed region differs by more than
-   :data:`LOAD_TOLERANCE` (0.5) from what this process alone would have made of the load at its start. The kernel's
-   1-minute load decays towards the number of runnable threads with a 60 s time constant, so with ``L0`` at the
-   start, ``t`` seconds of timed region and this process keeping ``c`` threads busy on average (its CPU seconds /
-   wall seconds), the expected end value is ``L0·e^(−t/60) + c·(1 − e^(−t/60))``; a larger gap means other jobs
-   started or stopped meanwhile (our own study warming the load up from an idle machine is not flagged);
-2. **the process did not get its cores** (CPU devices only; on a GPU the host thread waits for the device): CPU
-   seconds / wall seconds below :data:`MIN_CPU_SHARE` (0.85: it waited for a core more than 15 % of the time), or
-   above ``threads + 0.5`` (it ran more threads than its setting, so its timing is not that of the setting).
+1. **the load moved**: the 1-minute load at the end of the arm's timed region (``L1``) left the band this process
+   alone can explain by more than :data:`LOAD_TOLERANCE` (0.5). The kernel's 1-minute load moves towards the number
+   of runnable threads with a 60 s time constant; with ``L0`` at the start, ``t`` seconds from the first reading to
+   the last and this process keeping ``c`` threads busy (its CPU seconds / wall seconds), ``L1`` stays at ``L0``
+   when the load already counted this process and rises to ``L0 + c·(1 − e^(−t/60))`` when it did not (a study
+   starting on an idle machine); outside ``[L0 − 0.5, L0 + c·(1 − e^(−t/60)) + 0.5]`` other jobs started or
+   stopped;
+2. **the machine was busy** (CPU devices): the load of the others at the start, ``L0 − c``, exceeds the cores left
+   to them (``cores − threads``) by more than 0.5: other jobs competed for this process's cores;
+3. **the process did not get its cores** (CPU devices; on a GPU the host thread waits for the device): CPU seconds
+   / wall seconds below :data:`MIN_CPU_SHARE` (0.85: it waited for a core more than 15 % of the time), or above
+   ``threads + 0.5`` (it ran more threads than its setting, so its timing is not that of the setting).
 
 A flagged arm's sequential timing (ms/image and sequential speedup, also the baseline's: every arm's speedup uses
 it) is marked ``†`` in the table; the interleaved re-timing (the headline when the study has one) pairs arms within
@@ -30,16 +33,17 @@ import time
 from typing import Any
 
 __all__ = ["LoadProbe", "load_summary", "timing_flag", "RULE", "LOAD_TOLERANCE", "MIN_CPU_SHARE", "LOAD_TAU_S",
-           "read_load", "read_cpu", "read_wall"]
+           "read_load", "read_cpu", "read_wall", "read_cores"]
 
 LOAD_TOLERANCE = 0.5  # 1-min load units
 MIN_CPU_SHARE = 0.85  # CPU seconds per wall second of the timed region, below which the process waited for a core
 EXTRA_THREADS = 0.5  # CPU/wall above threads + this: more threads ran than the setting
 LOAD_TAU_S = 60.0  # the 1-minute load average's time constant
-RULE = (f"timing flagged (†) when the 1-min load at the end of the arm's timed region differs by > {LOAD_TOLERANCE} "
-        f"from what this process alone makes of the load at its start (L0·e^(−t/60) + c·(1 − e^(−t/60)), "
-        f"c = CPU s / wall s), or (CPU only) when CPU s / wall s < {MIN_CPU_SHARE} (it waited for a core) or > threads + "
-        f"{EXTRA_THREADS}")
+RULE = (f"timing flagged (†) when the 1-min load at the end of the arm's timed region L1 leaves "
+        f"[L0 − {LOAD_TOLERANCE}, L0 + c·(1 − e^(−t/60)) + {LOAD_TOLERANCE}] (L0 at its start, t seconds, "
+        f"c = CPU s / wall s: the load moved), or, on a CPU, when the others' load L0 − c exceeds "
+        f"cores − threads + {LOAD_TOLERANCE} (busy machine), or CPU s / wall s < {MIN_CPU_SHARE} (it waited for a "
+        f"core) or > threads + {EXTRA_THREADS}")
 
 
 def read_load() -> float | None:
@@ -57,6 +61,11 @@ def read_cpu() -> float:
 
 def read_wall() -> float:
     return time.perf_counter()
+
+
+def read_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class LoadProbe:
@@ -85,21 +94,26 @@ class LoadProbe:
 
 def timing_flag(load_before: float | None, load_after: float | None, cpu_seconds: float | None,
                 wall_seconds: float | None, threads: int | None, device_type: str = "cpu", *,
-                span_seconds: float | None = None) -> list[str]:
+                span_seconds: float | None = None, cores: int | None = None) -> list[str]:
     """The reasons (by :data:`RULE`) why a timing with these readings is not trustworthy; empty when it is.
     ``wall_seconds``: of the timed region (CPU/wall); ``span_seconds``: from the first load reading to the last
-    (default ``wall_seconds``)."""
+    (default ``wall_seconds``); ``cores``: the CPU cores of the machine (None: the busy-machine test is skipped)."""
     reasons = []
+    cpu = device_type == "cpu"
     share = cpu_seconds / wall_seconds if cpu_seconds is not None and wall_seconds else None
+    own = share if share is not None and cpu else 0.0
     span = wall_seconds if span_seconds is None else span_seconds
     if load_before is not None and load_after is not None and span:
-        decay = math.exp(-span / LOAD_TAU_S)
-        own = share if share is not None and device_type == "cpu" else 0.0
-        expected = load_before * decay + own * (1 - decay)
-        if abs(load_after - expected) > LOAD_TOLERANCE:
+        ramp = own * (1 - math.exp(-span / LOAD_TAU_S))
+        low, high = load_before - LOAD_TOLERANCE, load_before + ramp + LOAD_TOLERANCE
+        if not low <= load_after <= high:
             reasons.append(f"the 1-min load moved: {load_before:.2f} -> {load_after:.2f} over {span:.1f} s "
-                           f"(this process alone: {expected:.2f})")
-    if share is not None and device_type == "cpu":
+                           f"(this process alone: {load_before:.2f} to {load_before + ramp:.2f})")
+    if cpu and load_before is not None and cores and threads:
+        others = load_before - own
+        if others > cores - threads + LOAD_TOLERANCE:
+            reasons.append(f"busy machine: the others' load {others:.2f} > {cores} cores - {threads} threads")
+    if share is not None and cpu:
         if share < MIN_CPU_SHARE:
             reasons.append(f"CPU/wall {share:.2f} < {MIN_CPU_SHARE}: the process waited for a core")
         elif threads and share > threads + EXTRA_THREADS:
@@ -120,9 +134,10 @@ def load_summary(batches: list[dict], threads: int | None, device_type: str = "c
     wall = sum(r["wall_seconds"] for r in readings)
     before, after = readings[0]["load_before"], readings[-1]["load_after"]
     span = readings[-1]["wall_end"] - readings[0]["wall_start"]  # the load decays over the whole span
-    flag = timing_flag(before, after, cpu, wall, threads, device_type, span_seconds=span)
+    cores = read_cores()
+    flag = timing_flag(before, after, cpu, wall, threads, device_type, span_seconds=span, cores=cores)
     return {"load_1min_before": before, "load_1min_after": after, "span_seconds": span, "cpu_seconds": cpu,
-            "wall_seconds": wall, "cpu_per_wall": cpu / wall if wall else None, "threads": threads,
+            "wall_seconds": wall, "cpu_per_wall": cpu / wall if wall else None, "threads": threads, "cores": cores,
             "device_type": device_type, "flag": flag, "rule": RULE}
 
 
