@@ -1,7 +1,18 @@
 """``criterion``: which domain's signal selects LD-Pruning's tokens (LD-Pruning Table 1, Fig. 4).
 
-Base: ``ldpruning`` (its pruned scales, energy-fraction selection ρ = 0.5, restoration and SATS stay); the arms
-swap the token criterion only:
+Matched kept count (issue 28). LD-Pruning's own selection keeps the shortest prefix holding ρ = 0.5 of the
+criterion's score *energy*, so every criterion would keep a different number of tokens (FLOPs 0.327–0.451 on the
+testbed) and Table 1 would compare costs as much as criteria. Here every criterion arm keeps the SAME count: the
+energy-fraction schedule with ``counts="tokens"`` at ``ρ = MATCHED_RHO`` = 0.21, i.e. ``ceil(0.21·N)`` tokens at
+each of LD-Pruning's pruned scales, for every criterion and every sample. 0.21 is matched to LHEP's own cost: on
+the default testbed (depth 8; 16 samples, seed 0, its card's sampling) LHEP with the energy rule has FLOPs ratio
+0.349 and ``counts="tokens"`` gives 0.344 at ρ = 0.20 and 0.379 at 0.25 (LHEP's token-weighted mean kept share,
+taken on the padded rows, is 0.27 on the testbed and 0.25 on testbed-small; ρ was chosen on FLOPs). On another
+model the matched ρ differs: re-match with ``--set schedule.rho=...``. SATS still decides per sample (its
+guidance stop can move the FLOPs a little between arms); the result table reports each arm's FLOPs.
+
+Base: ``lhep`` = ``ldpruning`` with its schedule at the matched count (its pruned scales, restoration and SATS
+stay); each other arm swaps the token criterion only:
 
 * ``lhep`` — Image Latent Domain: LHEP's high-frequency energy of the previous quantised residual (the base);
 * ``pixel_change`` — Pixel Domain: the decoded change ``|I_{k−1} − I_{k−2}|`` on the token grid (one VAE decode per
@@ -9,7 +20,9 @@ swap the token criterion only:
 * ``attention`` — Semantic Aggregation Domain: the attention mass each token receives (``received_mass``: a
   non-negative score, as the energy-fraction selection needs);
 * ``entropy`` — the predictive entropy of the previous scale (NOVA's criterion, non-negative);
-* ``random`` — the control (beyond the paper).
+* ``random`` — the control (beyond the paper);
+* ``lhep@energy`` — ``ldpruning`` itself (LHEP with its adaptive energy rule, ρ = 0.5): the operating point the
+  matched count stands in for; it differs from ``lhep`` in the schedule's count rule only.
 
 Analysis (LD-Pruning Fig. 4): on dense generations of the study's first samples, at each of the last
 ``IOU_SCALES`` scales (the scales LHEP prunes), every criterion's kept set at pruning rate p (the ``N − ⌊pN⌋``
@@ -36,6 +49,7 @@ CRITERIA = {  # arm / criterion label -> (scorer, options, domain)
     "entropy": ("entropy", {}, "predictive entropy of the previous scale"),
     "random": ("random", {}, "random control (beyond the paper)"),
 }
+MATCHED_RHO = 0.21  # tokens kept per pruned scale = ceil(0.21 N): LHEP's energy-rule FLOPs on the default testbed
 PRUNING_RATES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 IOU_SCALES = 3
 ANALYSIS_BATCH = 8
@@ -50,6 +64,11 @@ def entropy_params() -> dict:
         if source in choices:
             return {"source": source}
     return {}
+
+
+def matched_edit() -> tuple:
+    """The schedule edit that puts LD-Pruning at the matched kept count (``ceil(MATCHED_RHO·N)`` per pruned scale)."""
+    return ("schedule", None, {"counts": "tokens", "rho": MATCHED_RHO})
 
 
 def criterion_edits(label: str) -> list:
@@ -191,8 +210,15 @@ def criterion_analysis(ctx: AnalysisContext) -> dict:
 @family("criterion", "LHEP (latent) vs decoded pixel change vs attention / entropy criteria on LD-Pruning's base",
         table="LD-Pruning Table 1, Fig. 4", analysis=criterion_analysis)
 def criterion_family(ctx: FamilyContext) -> list[Arm]:
-    arms = [baseline_arm()]
+    """Every criterion at the same kept count (``MATCHED_RHO``), plus LD-Pruning's own energy rule for reference."""
+    base = compose("ldpruning", "lhep", matched_edit(), role="base",
+                   description=f"ldpruning, criterion: {CRITERIA['lhep'][2]}, at the matched count ceil({MATCHED_RHO:g}"
+                               f"·N) per pruned scale")
+    arms = [baseline_arm(), base]
     for label, (component, _, domain) in CRITERIA.items():
-        arms.append(compose("ldpruning", label, *criterion_edits(label), role="base" if component is None else "arm",
-                            description=f"ldpruning, criterion: {domain}"))
+        if component is not None:
+            arms.append(compose(base.config, label, *criterion_edits(label),
+                                description=f"lhep's arm with the criterion: {domain} (same kept count)"))
+    arms.append(compose("ldpruning", "lhep@energy", description="ldpruning itself: LHEP with its energy rule "
+                        "(rho = 0.5 of the score energy; the operating point the matched count stands in for)"))
     return arms

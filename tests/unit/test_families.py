@@ -60,6 +60,9 @@ def test_linkage_family_is_nova_table_6_with_fastvars_real_table():
     assert arms["no-linkage†"].config.schedule.ratios == (0.4, 0.5, 1.0, 1.0)
     assert arms["scale-only"].config.schedule.component_name == "scale_linkage"
     assert arms["layer-only†"].config.schedule.component_name == "layer_linkage"
+    # the layer-only arms carry the no-linkage arms' tables as their per-scale base (issue 28)
+    assert arms["layer-only†"].config.schedule.scale_ratios == (0.4, 0.5, 1.0, 1.0)
+    assert arms["layer-only‡"].config.schedule.scale_ratios == arms["no-linkage‡"].config.schedule.ratios
     assert arms["dual"].config.schedule.component_name == "dual_linkage"
 
 
@@ -83,6 +86,7 @@ def test_depth_family_is_toprovar_table_10():
                               "scale-depth-loc+layer-ident", "toprovar"]
     arms = by_name("depth")
     assert arms["fixed-scale-exit"].config.skip.component_name == "skip_last"
+    assert arms["fixed-scale-exit"].config.skip.count == 3  # the 5.1x row: 5.46x FLOPs-ideal on Infinity-2B
     if arms["scale-depth-loc"].ok:
         assert arms["scale-depth-loc"].config.skip.component_name == "depth_exit"
     else:
@@ -92,10 +96,13 @@ def test_depth_family_is_toprovar_table_10():
 
 
 def test_criterion_family_is_ld_pruning_table_1():
-    assert names("criterion") == ["baseline", "lhep", "pixel_change", "attention", "entropy", "random"]
+    # the five criteria at one kept count (issue 28), then LD-Pruning's own energy rule as the reference point
+    assert names("criterion") == ["baseline", "lhep", "pixel_change", "attention", "entropy", "random", "lhep@energy"]
     arms = by_name("criterion")
     assert arms["lhep"].role == "base" and arms["pixel_change"].config.scorer.component_name == "pixel_change"
-    # everything but the criterion is LD-Pruning's own
+    assert (arms["lhep"].config.schedule.counts, arms["lhep"].config.schedule.rho) == ("tokens", 0.21)
+    assert arms["lhep@energy"].config.schedule.counts == "energy" and arms["lhep@energy"].config.schedule.rho == 0.5
+    # everything but the criterion is the base's (LD-Pruning at the matched count)
     base = arms["lhep"].config
     for name in ("pixel_change", "attention", "entropy", "random"):
         cfg = arms[name].config

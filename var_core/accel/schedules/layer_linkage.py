@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..base import Schedule
+from ..base import NO_NEEDS, Schedule
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
+from .fixed_table import ratio_for_scale
 from ._linkage_math import (FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
                             LayerEntropyLinked, layer_adjusted_ratio,
                             layer_difference_B, started_B)
@@ -42,6 +43,13 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
       is a property of the layer rather than of the sample, and the final predictive distribution has no per-layer
       information to derive it from. The paper's own formula is not in our copy of §3.3 (RECONSTRUCTED).
 
+    * ``scale_ratios`` — the base ratio per scale. ``()`` (default): ``r_base`` on every accelerated scale. A table
+      (aligned to the LAST scales, as ``fixed_table``'s ``ratios``): each scale's base ratio is its entry instead
+      of ``r_base``; a scale the table does not cover (or gives 0) is not pruned, an entry of 1.0 leaves the scale
+      out once every sample is accelerated (``fixed_table``'s 100 %). NOVA Table 6's layer-only†/‡ arms: the
+      layer adjustment around FastVAR's / SparseVAR's fixed scale-level ratios, on exactly the scales those
+      tables prune or leave out, so the arm differs from the no-linkage arm in the layer term alone.
+
     Rows of samples that are not accelerated yet stay dense. ``signals.extras["layer_linkage"][(si, block)]`` keeps
     the per-sample ratio.
     """
@@ -60,11 +68,35 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
         layer_profile: tuple[float, ...] = knob((), "fixed entropy of the state entering each block (one value per "
                                                 "block) used instead of the logit lens; () = measure it with the "
                                                 "lens at every pruned scale", unit="per_block")
+        scale_ratios: tuple[float, ...] = knob((), "base ratio per scale aligned to the last scales (replaces r_base; "
+                                               "uncovered or 0 = not pruned, 1.0 = not generated); () = r_base on "
+                                               "every accelerated scale", low=0.0, high=1.0)
+
+    def _base_ratio(self, ctx) -> float:
+        """The scale's base ratio: its ``scale_ratios`` entry (0 where the table does not reach), else ``r_base``."""
+        if not self.config.scale_ratios:
+            return self.config.r_base
+        return ratio_for_scale(self.config.scale_ratios, ctx.scale_index, ctx.num_scales)
+
+    def _tabled_out(self, ctx) -> bool:
+        """A table scale without a layer-adjusted ratio: not pruned (0) or not generated (1.0)."""
+        return bool(self.config.scale_ratios) and not 0.0 < self._base_ratio(ctx) < 1.0
+
+    def needs(self, ctx, signals):
+        return NO_NEEDS if self._tabled_out(ctx) else super().needs(ctx, signals)
+
+    def prunes_scale(self, ctx, signals) -> bool:
+        return not self._tabled_out(ctx) and super().prunes_scale(ctx, signals)
+
+    def skips_scale(self, ctx, signals) -> bool:
+        return bool(self.config.scale_ratios) and self._base_ratio(ctx) >= 1.0
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
+        if self._tabled_out(ctx):
+            return None
         diff_B = layer_difference_B(ctx, signals, block, cfg.first_block_reference, cfg.layer_profile)
-        r_B = layer_adjusted_ratio(cfg.r_base, diff_B, 0.0, cfg.lam)
+        r_B = layer_adjusted_ratio(self._base_ratio(ctx), diff_B, 0.0, cfg.lam)
         signals.extras.setdefault(EXTRAS_KEY, {})[(ctx.scale_index, block)] = r_B
         keep_B = keep_from_ratio(r_B, ctx.num_tokens, cfg.ratio_is)
         return counts_for_rows(ctx, keep_B, started_B(ctx, signals), scores_RN.shape[0], scores_RN.device)
