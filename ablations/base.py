@@ -83,9 +83,10 @@ class AnalysisContext:
 
     @property
     def analysis_dir(self) -> Path:
-        path = Path(self.out_dir) / "analysis"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        """``<out>/analysis``, created; never a symbolic link (``var_core.eval.records.make_dirs`` refuses one)."""
+        from var_core.eval.records import make_dirs
+
+        return make_dirs(Path(self.out_dir) / "analysis", self.out_dir)
 
 
 @dataclass(frozen=True)

@@ -41,23 +41,26 @@ def _digests(folder: Path) -> dict[str, str]:
 @pytest.mark.parametrize("change", [{"samples": 3}, {"cfg": 3.0}])
 def test_rerun_with_another_configuration_keeps_the_first_records(tmp_path, change):
     out = tmp_path / "run"
-    run_study(StudyOptions(out=str(out), **SMALL), log=lambda s: None)
-    first = {name: digest for name, digest in _digests(out).items() if name.startswith("arms/")}
-    assert sorted(first) == ["arms/baseline.json", "arms/baseline.pt", f"arms/{rec.arm_slug(ARM)}.json",
-                             f"arms/{rec.arm_slug(ARM)}.pt"]
+    run_study(StudyOptions(out=str(out), save_images=True, **SMALL), log=lambda s: None)
+    first = {name: digest for name, digest in _digests(out).items() if name.startswith(("arms/", "images/"))}
+    assert sorted(n for n in first if n.startswith("arms/")) == [
+        "arms/baseline.json", "arms/baseline.pt", f"arms/{rec.arm_slug(ARM)}.json", f"arms/{rec.arm_slug(ARM)}.pt"]
+    assert f"images/{rec.arm_slug(ARM)}/flat/00001.png" in first
     logs: list[str] = []
-    result = run_study(StudyOptions(out=str(out), **{**SMALL, **change}), log=logs.append)
+    result = run_study(StudyOptions(out=str(out), save_images=True, **{**SMALL, **change}), log=logs.append)
     assert result.computed == ["baseline", ARM] and result.reused == []
     after = _digests(out)
     for name, digest in first.items():  # every file of the first run still exists, byte for byte, somewhere
         holders = [n for n, d in after.items() if d == digest]
         assert holders, f"{name} of the first run is gone"
-        assert all(h.startswith("superseded/") for h in holders)
+        assert any(h == f"superseded/{h.split('/')[1]}/{name}" for h in holders if h.startswith("superseded/"))
     kept = [line for line in logs if "kept the finished record" in line]
     assert len(kept) == 1 and "\n" not in kept[0] and "nothing deleted" in kept[0]
     folder = Path(kept[0].split("moved to ")[1].split("/ (")[0])
     assert folder.parent == out / "superseded" and folder.name.startswith("n2_seed1_")
-    assert sorted(p.name for p in (folder / "arms").iterdir()) == sorted(Path(n).name for n in first)
+    assert sorted(p.name for p in (folder / "arms").iterdir()) == sorted(Path(n).name for n in first
+                                                                        if n.startswith("arms/"))
+    assert (folder / "images" / rec.arm_slug(ARM) / "flat" / "00001.png").is_file()
     # the new records are the new configuration's
     new = rec.read_record(rec.record_paths(out, "baseline")[0])
     if "samples" in change:
