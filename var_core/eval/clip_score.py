@@ -142,7 +142,9 @@ class LoadedCLIP:
     def metric(self):
         from torchmetrics.multimodal.clip_score import CLIPScore
 
-        return CLIPScore(model_name_or_path=lambda: (self.model, self.processor)).to(self.device)
+        from .metrics import LOCAL_METRIC  # computed on rank 0 alone: no cross-process sync
+
+        return CLIPScore(model_name_or_path=lambda: (self.model, self.processor), **LOCAL_METRIC).to(self.device)
 
 
 def load_clip(model_dir: str | Path | None) -> LoadedCLIP:

@@ -69,6 +69,17 @@ PSNR_CAP = 100.0  # dB given to identical images (8-bit images never exceed ~90 
 MIN_KID_BOOTSTRAP = 4  # fewer samples: KID gets no interval (NaN bounds, method says "n too small")
 
 
+def _no_process_group() -> bool:
+    return False
+
+
+#: keyword arguments of every torchmetrics ``Metric`` made here: no cross-process sync. The metrics of a run are
+#: computed in one process (global rank 0 of a ``ddp`` / torchrun / SLURM launch, on the merged samples) while the
+#: other ranks wait for rank 0's next message; torchmetrics' default all-gather on ``compute`` would wait for ranks
+#: that never join it (issue 25: every multi-process testbed study hung).
+LOCAL_METRIC = dict(sync_on_compute=False, dist_sync_on_step=False, distributed_available_fn=_no_process_group)
+
+
 # ----- fidelity to the baseline ----------------------------------------------------------------------------
 def ms_ssim_settings(height: int, width: int) -> tuple[dict | None, str]:
     """torchmetrics MS-SSIM keyword arguments for an image size, or ``None`` with the reason."""
@@ -359,7 +370,8 @@ def fid_kid(arm_images: torch.Tensor, ref_images: torch.Tensor, feature_extracto
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchmetrics' feature-buffer notices
         torch.manual_seed(seed)
-        fid = FrechetInceptionDistance(feature=feature_extractor, normalize=True, reset_real_features=True)
+        fid = FrechetInceptionDistance(feature=feature_extractor, normalize=True, reset_real_features=True,
+                                       **LOCAL_METRIC)
         fid.update(r, real=True)
         fid.update(a, real=False)
         fid_value = float(fid.compute())
@@ -369,7 +381,8 @@ def fid_kid(arm_images: torch.Tensor, ref_images: torch.Tensor, feature_extracto
         out[f"fid{suffix}"] = dict(mean=fid_value, low=min(lo, fid_value), high=max(hi, fid_value), n=n, level=0.95,
                                    method="bootstrap percentile, bias-shifted")
         subset = max(2, min(50, n, r.shape[0]))
-        kid = KernelInceptionDistance(feature=feature_extractor, subsets=50, subset_size=subset, normalize=True)
+        kid = KernelInceptionDistance(feature=feature_extractor, subsets=50, subset_size=subset, normalize=True,
+                                      **LOCAL_METRIC)
         kid.update(r, real=True)
         kid.update(a, real=False)
         kid_mean = float(kid.compute()[0])
@@ -398,7 +411,7 @@ def inception_score_proxy(images: torch.Tensor, logits_extractor, *, seed: int =
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # feature-buffer notice; std over one split
         torch.manual_seed(seed)
-        metric = InceptionScore(feature=logits_extractor, splits=1, normalize=True)
+        metric = InceptionScore(feature=logits_extractor, splits=1, normalize=True, **LOCAL_METRIC)
         metric.update(a)
         value = float(metric.compute()[0])
     probs = logits_extractor(a).double().softmax(-1).numpy()
@@ -451,7 +464,7 @@ def inception_fid(arm_images: torch.Tensor, ref_images: torch.Tensor, weights: s
     extractor = _inception_extractor(weights, protocol or DEFAULT_PROTOCOL)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchmetrics' feature-buffer notices
-        metric = FrechetInceptionDistance(feature=extractor, normalize=False)
+        metric = FrechetInceptionDistance(feature=extractor, normalize=False, **LOCAL_METRIC)
         metric.update(to_uint8(quantize01(ref_images)), real=True)
         metric.update(to_uint8(quantize01(arm_images)), real=False)
         return float(metric.compute())
