@@ -410,20 +410,27 @@ def _timing(run: GenerationRun, seed: int) -> dict:
 
 
 def _kept_fraction(run: GenerationRun, adapter) -> list[float | None]:
-    """Per scale: tokens computed over all blocks and branches / the dense count, averaged over batches."""
-    hw = adapter.scale_hw
+    """Per scale: the tokens a sample kept over all blocks and branches / the dense count, averaged over samples.
+
+    A ragged batch (samples keeping different counts) is padded to its widest row; each row counts its own kept
+    tokens (the batch's ``valid_tokens``), not that padded width, so the fraction does not depend on the batch
+    size. Batches are weighted by their sample count; a skipped scale counts 0. Batches recorded without
+    ``valid_tokens`` (older runs) fall back to ``kept_tokens``."""
     out = []
-    for s, (h, w) in enumerate(hw):
-        fracs = []
+    for s, (h, w) in enumerate(adapter.scale_hw):
+        total, samples = 0.0, 0
         for b in run.batches:
-            kept = b["kept_tokens"]
-            if s >= len(kept) or b["skipped"][s] or not kept[s]:
-                fracs.append(0.0 if s >= len(kept) or b["skipped"][s] else None)
+            kept = b.get("valid_tokens") or b["kept_tokens"]
+            size = int(b.get("size") or len(b.get("indices") or ()) or 1)
+            if s >= len(kept) or b["skipped"][s]:
+                samples += size
                 continue
             counts = [n for block in kept[s] for n in block]
-            fracs.append(sum(counts) / (len(counts) * h * w))
-        fracs = [f for f in fracs if f is not None]
-        out.append(float(np.mean(fracs)) if fracs else None)
+            if not counts:
+                continue
+            total += size * sum(counts) / (len(counts) * h * w)
+            samples += size
+        out.append(total / samples if samples else None)
     return out
 
 

@@ -54,6 +54,9 @@ class ScaleRecord:
     # per block, per branch: valid tokens summed over rows when the per-token work ran packed (ragged selections,
     # engine.packing), else None; empty when nothing was packed at this scale
     packed_tokens: tuple[tuple[int | None, ...], ...] = ()
+    # per block, per branch: each network row's own kept-token count ``[R]`` (int64) where the selection was ragged
+    # (``kept_tokens`` is then the padded width every row ran), else None; empty when no block was ragged
+    valid_tokens_R: tuple[tuple[torch.Tensor | None, ...], ...] = ()
     # per block: query-key pairs the self-attention computed, summed over rows, for blocks whose rows were ragged
     # (engine.attention: varlen rows attend with their own valid queries to their own keys), else None; empty
     # when no block was ragged (attention is then the rectangle rows x queries x cached keys)

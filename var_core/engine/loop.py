@@ -160,6 +160,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     kept_counts: list[tuple[int, ...]] = []
     lens_rows: list[tuple[int, int]] = []
     packed_counts: list[tuple[int | None, ...]] = []
+    valid_counts: list[tuple[torch.Tensor | None, ...]] = []  # ragged selections: each row's own kept count
     pairs: list[int | None] = []
     stats_flops = [0] * ctx.num_blocks
     packing, last_keep, sources = None, None, None
@@ -168,7 +169,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     for block in range(ctx.num_blocks):
         x_in_RNC = x_RNC
         want_probs = block in plan.attention_blocks
-        counts, packed = [], []
+        counts, packed, valid = [], [], []
         block_pairs = None
         for branch in ctx.branches:
             keep_Rn = valid_Rn = None
@@ -191,6 +192,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
                 run_RrC = run_RrC + out
                 counts.append(run_RrC.shape[1])
                 packed.append(None)
+                valid.append(None)
                 continue
             tokens_in = x_RNC if keep_Rn is None else gather_tokens(x_RNC, keep_Rn)
             if valid_Rn is None:
@@ -216,12 +218,14 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
             x_RNC = x_RNC + out
             counts.append(tokens_in.shape[1])
             packed.append(packing.total if packing is not None else None)
+            valid.append(None if valid_Rn is None else valid_Rn.sum(1))  # no sync: read after the generation
         if run is not None and block == run.last_block:
             with tracer.span("restore", si, block):
                 x_RNC = policy.restore_projected(ctx, block, run_RrC, run, run_input_RNC)
             run = run_RrC = run_input_RNC = None
         kept_counts.append(tuple(counts))
         packed_counts.append(tuple(packed))
+        valid_counts.append(tuple(valid))
         pairs.append(block_pairs)
         if plan.observe_blocks:
             policy.observe_block(ctx, block, x_in_RNC, x_RNC)
@@ -268,6 +272,7 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
         guided_logits_BNV=guided_BNV, raw_logits_RNV=raw_logits_RNV if options.keep_raw_logits else None,
         kept_tokens=tuple(kept_counts), lens_rows=tuple(lens_rows),
         packed_tokens=tuple(packed_counts) if any(c is not None for b in packed_counts for c in b) else (),
+        valid_tokens_R=tuple(valid_counts) if any(c is not None for b in valid_counts for c in b) else (),
         attention_pairs=tuple(pairs) if any(p is not None for p in pairs) else (),
         attention_stats_flops=tuple(stats_flops) if any(stats_flops) else (),
         image_B3HW=image, previews_B3HW=tuple(previews),

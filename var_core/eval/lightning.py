@@ -379,11 +379,23 @@ class GenerationModule(pl.LightningModule):
                 "rank": int(self.global_rank), "batch_idx": int(batch_idx), "indices": indices, "size": B,
                 "seconds": seconds, "stopped_at": result.stopped_at,
                 "kept_tokens": [list(map(list, r.kept_tokens)) for r in result.records],
+                "valid_tokens": [_row_mean_kept(r) for r in result.records],
                 "guidance": [r.guidance.value for r in result.records],
                 "skipped": [bool(r.skipped) for r in result.records],
                 "history": _jsonable(history), "probes": probe_data,
             },
         }
+
+
+def _row_mean_kept(record) -> list[list[float]]:
+    """Per block, per branch: the tokens a network row kept, averaged over the rows. A ragged selection counts
+    each row's own tokens (``valid_tokens_R``), not the padded width in ``kept_tokens``, so a sample's count is
+    the same alone and inside any batch."""
+    out = []
+    for block, counts in enumerate(record.kept_tokens):
+        valid = record.valid_tokens_R[block] if record.valid_tokens_R else (None,) * len(counts)
+        out.append([float(n) if v is None else int(v.sum()) / v.numel() for n, v in zip(counts, valid)])
+    return out
 
 
 def _plain(value):
