@@ -38,6 +38,10 @@ an ``arm`` column, an id that is a path through ``images/<arm>/``, or ``--import
 the prompts that have it; **overall**: mean over prompts; BCa bootstrap intervals over prompts. Values are kept on
 the file's scale (DPG-Bench reports percentages, e.g. 83.41).
 
+Refused, in one error naming the file (and line or key): a file that is not UTF-8 text, a line that is not a
+result (a tag, filename or prompt that is not a string), a result given twice for one arm, and more images
+(GenEval) or prompts (DPG-Bench) for an arm than the samples it generated — results of another study.
+
 What is written: ``<results folder>/imports/<kind>.json`` (schema ``varscope.import/1``): per arm the summaries
 (``geneval_<task>`` / ``dpg_<category>`` and ``*_overall``), counts and per-prompt values, plus each source file's
 path and sha256. A later import of the same kind replaces the arms it contains and keeps the others. The arm
@@ -131,24 +135,43 @@ def read_geneval(path: str | Path) -> list[dict]:
     """The lines of a GenEval results JSONL (each must hold ``tag`` and ``correct``)."""
     path = Path(path)
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(_not_text(path, exc, n, "GenEval results file (JSONL)")) from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except ValueError as exc:
-                raise UserError(f"{path}:{n} is not JSON ({exc}); a GenEval results file has one JSON object per "
-                                f"line (evaluate_images.py --outfile)") from None
+            except (ValueError, RecursionError) as exc:
+                raise UserError(f"{path}:{n} is not JSON ({exc}); a GenEval results file has one JSON object "
+                                f"per line (evaluate_images.py --outfile)") from None
             if not isinstance(row, dict) or "tag" not in row or "correct" not in row:
                 raise UserError(f"{path}:{n} lacks 'tag' or 'correct': not a GenEval results line (fields: "
                                 f"filename, tag, prompt, correct, reason, metadata)")
             if not isinstance(row["correct"], bool):
                 raise UserError(f"{path}:{n}: 'correct' must be true or false, got {row['correct']!r}")
+            for key in ("tag", "filename", "prompt"):  # a task name, an image path, the prompt: text
+                if (key == "tag" or row.get(key) is not None) and not isinstance(row.get(key), str):
+                    raise UserError(f"{path}:{n}: {key!r} must be a string, got {_short(row.get(key))}"
+                                    + (f" (GenEval tags: {', '.join(GENEVAL_TASKS)})" if key == "tag" else ""))
             rows.append(row)
     if not rows:
         raise UserError(f"{path} holds no GenEval result line")
     return rows
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return (text[:60] + "…" if len(text) > 60 else text) + f" ({type(value).__name__})"
+
+
+def _not_text(path: Path, exc: UnicodeDecodeError, line: int | None, what: str) -> str:
+    where = f"{path}:{line}" if line else str(path)
+    return (f"{where} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start}"
+            f"{' of the line' if line else ''}): a binary file? A {what} is text")
 
 
 def _cluster_stats(groups: dict[str, list[tuple[Any, int, int]]], rng_seed: int = 0, level: float = 0.95,
@@ -218,7 +241,13 @@ def _float(value) -> float | None:
 def read_dpg(path: str | Path) -> list[dict]:
     """Rows ``{"id", "arm" (or None), "<category>": float | None, "overall": float}`` of a DPG-Bench result file."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(_not_text(path, exc, None, "DPG-Bench result file (CSV / TSV)")) from None
+    if "\x00" in text:
+        raise UserError(f"{path}:{text[:text.index(chr(0))].count(chr(10)) + 1} holds a NUL byte: a binary file? A "
+                        f"DPG-Bench result file (CSV / TSV) is text")
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise UserError(f"{path} is empty (a DPG-Bench result file has one row per prompt)")
@@ -285,10 +314,47 @@ def _arm_names(out_dir: Path) -> list[str]:
     return names
 
 
+def _arm_samples(out_dir: Path) -> dict[str, int]:
+    """Samples generated per arm (``samples.n`` of each finished record)."""
+    from var_core.eval.records import RecordError, load_record
+
+    counts = {}
+    for path in sorted((Path(out_dir) / "arms").glob("*.json")):
+        try:
+            record = load_record(path)
+        except RecordError:
+            continue
+        n = ((record or {}).get("samples") or {}).get("n") if isinstance((record or {}).get("samples"), dict) else None
+        if record and record.get("arm") and isinstance(n, int):
+            counts[record["arm"]] = n
+    return counts
+
+
+def _check_counts(path: Path, kind: str, name: str, rows: list[dict], samples: int | None) -> None:
+    """Refuse an arm's results that cannot come from its images: a line repeated, or more images (GenEval) /
+    prompts (DPG-Bench) than the arm generated samples."""
+    key = "filename" if kind == "geneval" else "id"
+    seen: set = set()
+    for row in rows:
+        value = row.get(key)
+        if value is not None and value in seen:
+            raise UserError(f"{path}: {value!r} appears twice for arm {name!r}: one result per "
+                            f"{'image' if kind == 'geneval' else 'prompt'}; remove the repeated line")
+        seen.add(value)
+    if samples is not None and len(rows) > samples:
+        unit = "images" if kind == "geneval" else "prompts"
+        raise UserError(f"{path}: {len(rows)} {unit} for arm {name!r}, but it generated {samples} samples "
+                        f"(arms/{rec.arm_slug(name)}.json): these results are not of this folder's images (another "
+                        f"study, or --import-arm on the wrong file)")
+
+
 def import_results(out_dir: str | Path, kind: str, path: str | Path, *, arm: str | None = None,
-                   arm_names: Sequence[str] | None = None, seed: int = 0) -> dict:
+                   arm_names: Sequence[str] | None = None, seed: int = 0,
+                   arm_samples: dict[str, int] | None = None) -> dict:
     """Read ``path`` (a ``kind`` result file), summarise it per arm and merge it into
-    ``<out_dir>/imports/<kind>.json``. Returns ``{"arms": {arm: summary}, "unmatched": [...], "file": ...}``."""
+    ``<out_dir>/imports/<kind>.json``. Returns ``{"arms": {arm: summary}, "unmatched": [...], "lines": n,
+    "file": ...}``. ``arm_samples`` (default: read from the records): samples per arm, an upper bound on its
+    images (GenEval) or prompts (DPG-Bench) in the file."""
     out_dir = Path(out_dir)
     if kind not in KINDS:
         raise UserError(f"unknown import kind {kind!r}.{did_you_mean(kind, KINDS)} Kinds: {', '.join(KINDS)}")
@@ -319,6 +385,9 @@ def import_results(out_dir: str | Path, kind: str, path: str | Path, *, arm: str
             else:
                 by_arm.setdefault(name, []).append(row)
         summarise = dpg_summary
+    counts = arm_samples if arm_samples is not None else _arm_samples(out_dir)
+    for name, rows in by_arm.items():
+        _check_counts(path, kind, name, rows, counts.get(name))
     if not by_arm:
         example = unmatched[0] if unmatched else "?"
         raise UserError(f"none of the {len(unmatched)} results in {path} belongs to an arm of {out_dir} (e.g. "
@@ -342,7 +411,8 @@ def import_results(out_dir: str | Path, kind: str, path: str | Path, *, arm: str
     data["sources"] = kept + [source]
     side.parent.mkdir(parents=True, exist_ok=True)
     rec.write_json_atomic(side, data)
-    return {"arms": arms, "unmatched": unmatched, "file": side}
+    return {"arms": arms, "unmatched": unmatched, "file": side,
+            "lines": len(unmatched) + sum(len(rows) for rows in by_arm.values())}
 
 
 def _read_side(path: Path) -> dict | None:
@@ -355,7 +425,32 @@ def _read_side(path: Path) -> dict | None:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("arms"), dict):
         raise UserError(f"{path} is not an import file of this project (schema {SCHEMA}); delete it and import "
                         f"again")
+    bad = _side_problem(data)
+    if bad:
+        raise UserError(f"{path}: {bad}; delete it and import again (python -m studies.report RUN_DIR --import "
+                        f"KIND FILE)")
     return data
+
+
+def _side_problem(data: dict) -> str | None:
+    """What in an ``imports/<kind>.json`` the report cannot use, naming the arm and key."""
+    for name, entry in data["arms"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("summary"), dict):
+            return f"arm {name!r} has no 'summary' object"
+        if not isinstance(entry.get("n_prompts"), int) or isinstance(entry.get("n_prompts"), bool):
+            return f"arm {name!r}: 'n_prompts' is {_short(entry.get('n_prompts'))}, not a count"
+        for key, value in entry["summary"].items():
+            if not isinstance(value, dict):
+                return f"arm {name!r}: summary.{key} is {_short(value)}, not an interval"
+            for part in ("mean", "low", "high", "n"):
+                v = value.get(part)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    return f"arm {name!r}: summary.{key}.{part} is {_short(v)}, not a number"
+    sources = data.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(x, dict) and isinstance(x.get("path"), str)
+                                                and isinstance(x.get("sha256"), str) for x in sources):
+        return "'sources' is not a list of {path, sha256} objects"
+    return None
 
 
 # ----- report ----------------------------------------------------------------------------------------------

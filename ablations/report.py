@@ -93,6 +93,28 @@ class FolderContents:
     problems: list[str] = field(default_factory=list)
 
 
+def _summary_problem(record: dict) -> str | None:
+    """What in a record's ``summary`` the table cannot show (a number stored as a string, an entry that is not an
+    interval), naming the key; ``None`` when it is fine."""
+    summary = record.get("summary")
+    if summary is None:
+        return None
+    if not isinstance(summary, dict):
+        return f"'summary' is {type(summary).__name__}, not an object"
+    for key, value in summary.items():
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"summary.{key} is {value!r} ({type(value).__name__}), not an interval"
+            continue
+        for part in ("mean", "low", "high", "n", "level"):
+            v = value.get(part)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                return f"summary.{key}.{part} is {v!r} ({type(v).__name__}), not a number"
+    return None
+
+
 def read_folder(out_dir: str | Path) -> FolderContents:
     """Every arm of a results folder, none dropped silently: an arm of the manifest or a record file that cannot
     be shown comes back in ``unavailable`` with the reason, naming the file."""
@@ -128,6 +150,15 @@ def read_folder(out_dir: str | Path) -> FolderContents:
                                          f"same --out to recompute it", changes=entry.get("changes", "")))
             continue
         if record is None:
+            continue
+        bad = _summary_problem(record)
+        if bad is not None:
+            name = record.get("arm") or entry.get("name") or path.name[: -len(".json")]
+            seen.add(name)
+            problems.append(f"arm {name!r}: cannot use its record {path} ({bad})")
+            unavailable.append(Arm(name, None, entry.get("description", ""), role=entry.get("role", "arm"),
+                                   error=f"record {rel} cannot be used ({bad}); re-run the study with the same "
+                                         f"--out to recompute it", changes=entry.get("changes", "")))
             continue
         if record.get("status") != "complete":
             name = record["arm"]
@@ -1294,8 +1325,16 @@ def write_report(out_dir: Path, records: list[dict], unavailable: list, *, plan=
     if interleaved is None and (out_dir / "timing_interleaved.json").is_file():
         import json
 
-        interleaved = json.loads((out_dir / "timing_interleaved.json").read_text())
-        if not _interleaved_matches(interleaved, records):
+        source = out_dir / "timing_interleaved.json"
+        try:
+            interleaved = json.loads(source.read_text())
+            if not isinstance(interleaved, dict) or not isinstance(interleaved.get("arms", {}), dict):
+                raise ValueError(f"top level is {type(interleaved).__name__} with no 'arms' object")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            problems.append(f"cannot read {source} ({type(exc).__name__}: {exc}): the table shows the sequential "
+                            f"speedup; re-run the study with the same --out and --retime to re-measure")
+            interleaved = None
+        if interleaved is not None and not _interleaved_matches(interleaved, records):
             interleaved = None  # from another selection of arms (or other configurations of them)
     outputs: dict[str, Any] = {"records": [str(rec.record_paths(out_dir, r["arm"])[0]) for r in records]}
     from .imports import merge_imports

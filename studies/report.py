@@ -49,12 +49,26 @@ def main(argv=None) -> int:
                         f"reports)")
     if args.import_arm is not None and not args.imports:
         raise UserError("--import-arm needs --import KIND FILE")
+    try:
+        return _report(args, out_dir, contents, write_report)
+    except OSError as exc:  # a read-only folder, a full disk: the records are only read, never changed
+        where = exc.filename or out_dir
+        raise UserError(f"cannot write {where} ({exc.strerror or exc}): the report is written into the results "
+                        f"folder; make it writable, or copy it (cp -r {out_dir} COPY) and report the copy") from None
+
+
+def _report(args, out_dir: Path, contents, write_report) -> int:
     if args.imports:
         from ablations.imports import import_results
 
         names = [r["arm"] for r in contents.records]
+        samples = {r["arm"]: (r.get("samples") or {}).get("n") for r in contents.records
+                   if isinstance(r.get("samples"), dict) and isinstance((r.get("samples") or {}).get("n"), int)}
         for kind, file in args.imports:
-            done = import_results(out_dir, kind, file, arm=args.import_arm, arm_names=names)
+            done = import_results(out_dir, kind, file, arm=args.import_arm, arm_names=names, arm_samples=samples)
+            matched = done["lines"] - len(done["unmatched"])
+            print(f"imported {kind}: {file}: {done['lines']} results, {matched} into {len(done['arms'])} arm(s)"
+                  + (f", {len(done['unmatched'])} matched no arm" if done["unmatched"] else ""))
             overall = f"{kind}_overall"
             for arm, entry in done["arms"].items():
                 s = entry["summary"].get(overall) or {}
