@@ -131,6 +131,34 @@ def test_reuse_refuses_a_record_of_another_configuration(tmp_path, change):
     assert rec.find_reusable(tmp_path, config(**change)) is None
 
 
+def test_reuse_refuses_other_weights_at_the_same_path(tmp_path):
+    """A checkpoint replaced in place (same path, same size) is other weights: its old records are not reused."""
+    from var_core.accel.presets import get_preset
+    from var_core.engine import SamplingConfig
+
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(bytes(3 << 20))  # 3 MiB of zeros: head and tail are read
+
+    def config():
+        return rec.RunConfig(arm="a", family="cache", policy=get_preset("nova"), model="var-d16",
+                             weights=str(weights), sampling=SamplingConfig(), conditions=ConditionSet.balanced(2, 10, 0))
+
+    out = tmp_path / "out"
+    rec.write_json_atomic(rec.record_paths(out, "a")[0], _record_for(config()))
+    assert rec.find_reusable(out, config()) is not None
+    data = bytearray(weights.read_bytes())
+    data[-1] = 1  # the last byte differs
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(1, 1))
+    assert rec.find_reusable(out, config()) is None
+    # the fingerprint by hand: sha256 over the size, the first and the last MiB, then over name and digest
+    part = hashlib.sha256(str(3 << 20).encode())
+    part.update(bytes(data[: 1 << 20]))
+    part.update(bytes(data[-(1 << 20):]))
+    expected = hashlib.sha256(f"\0{part.hexdigest()}\0".encode()).hexdigest()[:16]
+    assert config().key()["weights_fingerprint"] == {"weights": expected}
+
+
 # ----- 3. never write through a planted link ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):

@@ -40,7 +40,7 @@ __all__ = [
     "SCHEMA", "REQUIRED_KEYS", "RunConfig", "arm_slug", "environment_info", "git_info", "package_versions",
     "write_json_atomic", "read_record", "load_record", "RecordError", "find_reusable", "validate_record",
     "to_jsonable", "record_paths", "UnsafeResultsPath", "check_no_links", "make_dirs", "write_atomic",
-    "refuse_links_in", "run_key_tag",
+    "refuse_links_in", "run_key_tag", "weights_fingerprint",
 ]
 
 SCHEMA = "varscope.arm/1"
@@ -281,7 +281,42 @@ class RunConfig:
             value = getattr(self, name)
             if value:
                 key[name] = str(Path(value).expanduser().resolve())
+        given = {name: getattr(self, name) for name in ("weights", "vae_weights", "text_encoder")
+                 if getattr(self, name)}
+        if given:  # other checkpoints at the same paths are other weights: their records are not reused
+            key["weights_fingerprint"] = {name: weights_fingerprint(value) for name, value in given.items()}
         return key
+
+
+FINGERPRINT_BYTES = 1 << 20
+_FILE_DIGESTS: dict[tuple, str] = {}
+
+
+def weights_fingerprint(path: str | Path) -> str | None:
+    """A cheap content fingerprint of a checkpoint file or folder (every regular file below it): sha256 over each
+    file's relative name, size, first and last MiB. Another checkpoint written to the same path changes it, reading
+    a multi-GB checkpoint whole does not happen; None when the path does not exist. Per-file digests are cached by
+    (path, size, mtime) within a process."""
+    import hashlib
+
+    root = Path(path).expanduser()
+    if not root.exists():
+        return None
+    files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file())
+    digest = hashlib.sha256()
+    for f in files:
+        stat = f.stat()
+        cache_key = (str(f.resolve()), stat.st_size, stat.st_mtime_ns)
+        if cache_key not in _FILE_DIGESTS:
+            part = hashlib.sha256(str(stat.st_size).encode())
+            with open(f, "rb") as handle:
+                part.update(handle.read(FINGERPRINT_BYTES))
+                if stat.st_size > FINGERPRINT_BYTES:
+                    handle.seek(max(FINGERPRINT_BYTES, stat.st_size - FINGERPRINT_BYTES))
+                    part.update(handle.read(FINGERPRINT_BYTES))
+            _FILE_DIGESTS[cache_key] = part.hexdigest()
+        digest.update(f"{'' if f == root else f.relative_to(root)}\0{_FILE_DIGESTS[cache_key]}\0".encode())
+    return digest.hexdigest()[:16]
 
 
 def new_record(config: RunConfig) -> dict:
