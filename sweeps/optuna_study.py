@@ -624,7 +624,9 @@ def recover_stale_trials(study, spec: SweepSpec, space: SweepSpace | None = None
     rdb = storage_kind(spec.storage) == "rdb"
     if rdb:
         before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-        optuna.storages.fail_stale_trials(study)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "experimental" since optuna 2.9
+            optuna.storages.fail_stale_trials(study)
         after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         failed = sorted(before - after)
         if failed:
