@@ -32,8 +32,10 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     """Run ``main(argv)`` under the user-error convention and return its exit status (Ctrl-C names the results
     folders registered with :func:`note_results_folder`)."""
 
+    _RESULTS_FOLDERS.clear()  # only this command's folders (tests run several commands in one process)
+
     def kept() -> str:
-        folders = ", ".join(str(p) for p in _RESULTS_FOLDERS)
-        return f" finished work is kept in {folders}; re-run the same command to resume." if folders else ""
+        folders = ", ".join(str(p) for p in _RESULTS_FOLDERS if p.is_dir())  # a folder never made holds nothing
+        return f" Finished work is kept in {folders}; re-run the same command to resume." if folders else ""
 
     return run_command(main, argv, kept)

@@ -16,7 +16,7 @@ import importlib
 import sys
 
 from studies._cli import run_cli
-from var_core.errors import UserError, did_you_mean
+from var_core.errors import UserError, did_you_mean, importing
 
 #: command -> (module whose ``main(argv)`` runs it, words put before the user's arguments, one-line summary)
 COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -71,7 +71,8 @@ def dispatch(argv: list[str] | None = None) -> int:
     if word not in COMMANDS:
         raise unknown_command(word)
     module_name, before, _ = COMMANDS[word]
-    module = importlib.import_module(module_name)
+    with importing():  # Ctrl-C while torch & co. load: exit 130 at once (an interrupted import can be swallowed)
+        module = importlib.import_module(module_name)
     return int(module.main([*before, *rest]) or 0)
 
 

@@ -21,7 +21,7 @@ from .errors import UserError, did_you_mean
 from .models.loading import (VAR_ENTRY_FIELDS, check_infinity_entry, check_infinity_pair, check_infinity_schedule,
                              check_var_entry, check_var_vqvae_pair, check_vqvae_entry, CheckpointError,
                              hf_snapshot_dir, infer_var_config, infer_vqvae_config, is_shard_folder, load_strict,
-                             read_sharded_state_dict, read_state_dict, shard_files)
+                             read_json_file, read_sharded_state_dict, read_state_dict, shard_files)
 from .models.var import VAR, VARConfig, official_var_config
 
 PATCH_NUMS_256 = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
@@ -360,6 +360,16 @@ def load_fixture_files(folder: str | Path | None = None, saln: bool = False):
                           expected=var_expected, expected_vqvae=vq_expected, label=label, hint=hint)
 
 
+_CARD_FIX = ("restore it from the checkout (git checkout -- var_core/testbed/weights) or from the folder it was "
+             "exported from (python -m var_core.testbed.train export)")
+
+
+def read_testbed_card(folder: str | Path) -> dict:
+    """A testbed folder's ``testbed.json`` (the card: architecture, VQVAE file, default sampling); a corrupt,
+    truncated or unreadable card is a :class:`CheckpointError` naming it."""
+    return read_json_file(Path(folder) / "testbed.json", "testbed card", _CARD_FIX)
+
+
 def _load_testbed(name: str, weights: str | Path | None, seed: int | None, random_weights: bool):
     folder = testbed_folder(name, weights)
     card = folder / "testbed.json"
@@ -369,9 +379,13 @@ def _load_testbed(name: str, weights: str | Path | None, seed: int | None, rando
             f"testbed weights not found: {card} is missing. The shipped weights live in {shipped}; "
             f"train them with `python -m var_core.testbed.train` or pass --weights DIR"
         )
-    meta = json.loads(card.read_text())
-    var_cfg = VARConfig(**meta["var_config"])
-    vq_kwargs = dict(meta["vqvae_config"])
+    meta = read_testbed_card(folder)
+    try:
+        var_cfg = VARConfig(**meta["var_config"])
+        vq_kwargs = dict(meta["vqvae_config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"testbed card {card} is corrupt: its var_config / vqvae_config cannot build the "
+                              f"model ({type(exc).__name__}: {exc}); {_CARD_FIX}") from None
     if random_weights:
         return build_var_pair(var_cfg, vq_kwargs, seed)
     var_file, vae_file = folder / "var.safetensors", (folder / meta.get("vqvae_file", "vqvae.safetensors")).resolve()
@@ -425,8 +439,8 @@ def load_model(name: str = "testbed", weights: str | Path | None = None, vae_wei
     if base in TESTBED_FOLDERS:
         from .engine.sampling import SamplingConfig
 
-        meta = json.loads((testbed_folder(base, weights) / "testbed.json").read_text())
-        if "default_sampling" in meta:
+        meta = read_testbed_card(testbed_folder(base, weights))
+        if isinstance(meta.get("default_sampling"), dict):
             known = {"cfg", "top_k", "top_p", "temperature"}
             adapter.default_sampling = SamplingConfig(**{k: v for k, v in meta["default_sampling"].items()
                                                          if k in known})

@@ -230,20 +230,20 @@ def test_ctrl_c_inside_trainer_predict_keeps_finished_arms(tmp_path, monkeypatch
 
 
 def test_changed_metric_context_recomputes_metrics_not_samples(tmp_path):
-    """E.g. the testbed classifier appears after a run: the arms are not regenerated, their metrics are."""
+    """E.g. another FID input pipeline after a run: the arms are not regenerated, their metrics are. (A classifier
+    named by --classifier that cannot load is an error now, not a changed context: test_bad_input_files.)"""
     options = dict(family="cache", out=str(tmp_path / "run"), wandb="disabled", timing_rounds=0, plots=False,
                    arms=("identity@t_est=5",), **SMALL)
     first = run_study(StudyOptions(**options), log=lambda s: None)
     assert first.computed == ["baseline", "identity@t_est=5"]
     before = rec.read_record(tmp_path / "run" / "arms" / "identity_t_est=5.json")
-    again = run_study(StudyOptions(classifier=str(tmp_path / "no-such-classifier.safetensors"), **options),
-                      log=lambda s: None)
+    again = run_study(StudyOptions(fid_protocol="pytorch-fid", **options), log=lambda s: None)
     assert again.computed == [] and again.reused == ["baseline", "identity@t_est=5"]
     after = rec.read_record(tmp_path / "run" / "arms" / "identity_t_est=5.json")
     assert after["metrics_refreshed"] and after["timing"] == before["timing"]
     assert after["metrics"]["signature"] != before["metrics"]["signature"]
     assert after["metrics"]["per_sample"]["psnr"] == before["metrics"]["per_sample"]["psnr"]
-    assert "no-such-classifier" in after["metrics"]["unavailable"]["class_correct"]
+    assert after["metrics"]["signature"]["fid_protocol"] == "pytorch-fid"
 
 
 def test_method_family_on_infinity_tiny_end_to_end(tmp_path):

@@ -166,11 +166,13 @@ def test_every_entry_point_runs_under_run_cli(study):
 
 
 # ----- Ctrl-C and bugs -----------------------------------------------------------------------------------------
-def _interrupted_study(*args, **kwargs):
+def _interrupted_study(options, *args, **kwargs):
+    Path(options.out).mkdir(parents=True)  # the study had started (a folder never made is not named as kept)
     raise KeyboardInterrupt
 
 
-def _lightning_interrupted_study(*args, **kwargs):
+def _lightning_interrupted_study(options, *args, **kwargs):
+    Path(options.out).mkdir(parents=True)
     try:
         raise KeyboardInterrupt
     except KeyboardInterrupt:  # what lightning.pytorch.trainer.call does after its graceful shutdown

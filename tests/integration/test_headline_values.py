@@ -233,7 +233,7 @@ def test_fidelity_recomputed_from_stored_samples_is_against_the_baseline(study, 
     """A changed metric context recomputes the metrics from the stored tensors: still against the baseline."""
     copy = tmp_path / "method"
     shutil.copytree(study, copy)
-    result = _run(copy, classifier=str(tmp_path / "no-such-classifier.safetensors"))
+    result = _run(copy, fid_protocol="pytorch-fid")
     assert result.computed == [] and result.reused == ["baseline", "fastvar", NOOP]
     records = _records(copy)
     assert all(r.get("metrics_refreshed") for r in records.values())

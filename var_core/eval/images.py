@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
+
+from ..errors import writing
 
 
 def to_uint8(images_B3HW: torch.Tensor) -> torch.Tensor:
@@ -34,6 +37,13 @@ def save_grid(images_B3HW: torch.Tensor, path: str | Path, nrow: int = 8, upscal
     if upscale > 1:
         image = image.resize((image.width * upscale, image.height * upscale), Image.NEAREST)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:  # a temporary file then a rename: a full disk never leaves half a PNG at path
+        with writing(path):  # ... and its OSError names path (PIL's write loses the name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            image.save(tmp, format=Image.registered_extensions().get(path.suffix.lower(), "PNG"))
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path

@@ -62,7 +62,7 @@ from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from ..engine import GenerationOptions, Policy, SamplingConfig, generate
 from ..engine.adapters.base import adapter_modules
-from ..errors import UserError
+from ..errors import UserError, writing
 from ..engine.tracing import NULL_TRACER, CompositeTracer, Tracer
 from .distributed import Launch, resolve_launch
 
@@ -629,14 +629,15 @@ class GenerationRun:
         """Tensors needed to compare later arms against this one (atomic: temporary file, fsync, rename; an
         interruption leaves the previous file, or none, and no temporary file)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as handle:
-                torch.save(self.tensors(), handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            with writing(path):  # a full disk / read-only folder: an OSError naming path (torch's writer loses it)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp, "wb") as handle:
+                    torch.save(self.tensors(), handle)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -32,7 +32,8 @@ from ..errors import UserError, did_you_mean
 
 __all__ = ["MetricSpec", "METRICS", "metric", "get_metric", "metric_names", "availability", "describe_metrics",
            "spec_of_key", "directions_line",
-           "weights_identity", "metrics_info", "prompt_metrics", "texts_for", "PROMPT_METRICS"]
+           "weights_identity", "metrics_info", "prompt_metrics", "texts_for", "PROMPT_METRICS",
+           "requested_classifier_error", "load_requested_weights"]
 
 
 @dataclass(frozen=True)
@@ -417,23 +418,95 @@ def prompt_metrics(images, labels, ctx) -> tuple[dict[str, np.ndarray], dict[str
     return values, unavailable
 
 
+def requested_classifier_error(path, problem: str) -> UserError:
+    """The error for a ``--classifier`` file the user named that cannot judge this study (unreadable, corrupt,
+    truncated, or for other classes / image sizes): an explicitly requested metric that cannot run stops the study
+    before anything is generated, instead of leaving its column n/a."""
+    return UserError(f"--classifier {path}: the testbed classifier cannot be used ({problem}); give a "
+                     f"classifier.safetensors written by python -m var_core.testbed.train_classifier for this model, "
+                     f"or leave --classifier out (the shipped classifier)")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def load_requested_weights(ctx) -> None:
+    """Load, before anything is generated, every metric network whose local weights the user named
+    (``--lpips-backbone`` / ``--lpips-lin``, ``--inception-weights``, ``--clip-weights``,
+    ``--image-reward-weights``, ``--hps-weights``): one that cannot load is a :class:`UserError` naming the option
+    and the file. Without this the study would run for hours and leave the requested column n/a. The loaders cache
+    what they load, so the metrics reuse it."""
+    from .metric_base import MetricUnavailable
+
+    backbone, lin = _opt(ctx, "lpips_backbone"), _opt(ctx, "lpips_lin")
+    if backbone is not None or lin is not None:
+        if backbone is None or lin is None:
+            given, missing = ("--lpips-backbone", "--lpips-lin") if lin is None else ("--lpips-lin",
+                                                                                      "--lpips-backbone")
+            raise UserError(f"{given} {backbone if lin is None else lin} was given without {missing}: LPIPS needs both (the pretrained backbone and "
+                            f"the lpips package's weights/v0.1/<net>.pth linear layers); pass {missing} FILE too")
+        from .lpips import load_lpips
+
+        try:
+            load_lpips(ctx.lpips_net, backbone, lin)
+        except UserError as exc:
+            raise UserError(f"--lpips-backbone {backbone} / --lpips-lin {lin}: LPIPS cannot load ({exc}); pass "
+                            f"readable, complete weight files, or leave both options out") from None
+    inception = _opt(ctx, "inception_weights")
+    if inception is not None:
+        from .inception import load_fid_inception
+
+        try:
+            load_fid_inception(inception)
+        except UserError as exc:
+            raise UserError(f"--inception-weights {inception}: the FID Inception cannot load ({exc})") from None
+    for name in PROMPT_METRICS:
+        spec = METRICS[name]
+        path = _opt(ctx, spec.option)
+        if path is None:
+            continue
+        try:
+            _score_model(name, ctx, path)
+        except (MetricUnavailable, UserError, OSError, ValueError, RuntimeError) as exc:
+            flag = "--" + spec.option.replace("_", "-")
+            raise UserError(f"{flag} {path}: {spec.title.split(' (')[0]} cannot load ({_one_line(exc)}); pass a "
+                            f"readable, complete local copy, or leave {flag} out") from None
+
+
 def _device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"  # scorers run where the accelerator is, if any
 
 
-def _score(name: str, images, texts, ctx, path) -> np.ndarray:
+def _score_model(name: str, ctx, path):
+    """The scorer of prompt metric ``name`` from ``path``, loaded once per run (see :func:`_loaded`)."""
     if name == "clip_score":
-        from .clip_score import clip_scores, load_clip
+        from .clip_score import load_clip
 
-        return clip_scores(images, texts, _loaded(ctx, f"clip:{path}", lambda: load_clip(path).to(_device())))
+        return _loaded(ctx, f"clip:{path}", lambda: load_clip(path).to(_device()))
     if name == "image_reward":
-        from .image_reward import image_reward_scores, load_image_reward
+        from .image_reward import load_image_reward
 
-        return image_reward_scores(images, texts, _loaded(ctx, f"ir:{path}",
-                                                          lambda: load_image_reward(path).to(_device())))
-    from .hps import hps_scores, load_hps
+        return _loaded(ctx, f"ir:{path}", lambda: load_image_reward(path).to(_device()))
+    from .hps import load_hps
 
-    return hps_scores(images, texts, _loaded(ctx, f"hps:{path}", lambda: load_hps(path).to(_device())))
+    return _loaded(ctx, f"hps:{path}", lambda: load_hps(path).to(_device()))
+
+
+def _score(name: str, images, texts, ctx, path) -> np.ndarray:
+    model = _score_model(name, ctx, path)
+    if name == "clip_score":
+        from .clip_score import clip_scores
+
+        return clip_scores(images, texts, model)
+    if name == "image_reward":
+        from .image_reward import image_reward_scores
+
+        return image_reward_scores(images, texts, model)
+    from .hps import hps_scores
+
+    return hps_scores(images, texts, model)
 

@@ -622,15 +622,26 @@ class MetricContext:
             from ..engine.adapters.hart_adapter import LABEL_PROMPT as HART_LABEL_PROMPT
 
             ctx.label_prompt = HART_LABEL_PROMPT
+        from .metric_registry import load_requested_weights
+
+        load_requested_weights(ctx)  # a named LPIPS / Inception / CLIP ... file that cannot load: an error, now
         try:
             from ..testbed.classifier import (ClassifierFeatureExtractor, ClassifierLogitsExtractor,
                                               load_classifier)
 
             classifier = load_classifier(classifier_path)
         except Exception as exc:  # noqa: BLE001 - missing weights / being trained: say so in the table
+            if classifier_path is not None:  # asked for by name: an error before anything is generated
+                from .metric_registry import requested_classifier_error
+
+                raise requested_classifier_error(classifier_path, f"{type(exc).__name__}: {exc}") from None
             ctx.classifier_reason = f"testbed classifier unavailable ({exc})"
             return ctx
         reason = classifier_compatibility(adapter, classifier)
+        if reason is not None and classifier_path is not None:
+            from .metric_registry import requested_classifier_error
+
+            raise requested_classifier_error(classifier_path, reason)
         ctx.classifier_reason = reason
         if reason is None:
             ctx.classifier = classifier

@@ -26,7 +26,9 @@ the file name and its content (``fmt=`` forces one):
 
 A ``path`` that does not exist but names a prompt file shipped with varscope (``demo``: our own eight-prompt set,
 in ``var_core/data/prompts/``) reads that file. Nothing here ships or downloads prompts written by others.
-Every problem with a file is a :class:`~var_core.errors.UserError` naming the file (and the line, for JSONL).
+Every problem with a file is a :class:`~var_core.errors.UserError` naming the file (and the line, for JSONL and
+CSV): an unreadable file, a NUL byte (a binary or UTF-16 file), JSON that is invalid or nested too deeply, a CSV
+quote left open, a prompt that is not text, a tag or category that is not a plain value.
 """
 
 from __future__ import annotations
@@ -134,11 +136,19 @@ def load_prompt_set(path: str | Path, fmt: str | None = None, *, coco_captions: 
     if coco_captions not in ("first", "all"):
         raise UserError(f"coco_captions must be 'first' or 'all', got {coco_captions!r}")
     file = _resolve(path)
-    raw = file.read_bytes()
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise UserError(f"prompt file {file} cannot be read ({exc.strerror or exc}): check its permissions, or "
+                        f"copy it somewhere readable") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UserError(f"prompt file {file} is not UTF-8 text ({exc}); save it as UTF-8") from None
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise UserError(f"prompt file {file}, line {line}: contains a NUL byte, so it is a binary file or UTF-16 "
+                        f"text, not a prompt file; save it as UTF-8 text")
     fmt = fmt or _detect(file, text)
     readers = {"text": _read_text, "geneval": _read_jsonl, "jsonl": _read_jsonl, "csv": _read_csv,
                "coco": lambda f, t: _read_coco(f, t, coco_captions), "mjhq": _read_mjhq, "json": _read_json_list}
@@ -150,19 +160,40 @@ def load_prompt_set(path: str | Path, fmt: str | None = None, *, coco_captions: 
         prompt = row.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             raise UserError(f"prompt file {file}: entry {n + 1} has no prompt text ({_short(row)})")
+        if "\x00" in prompt:  # a JSON escape (\u0000): no tokenizer should see it
+            raise UserError(f"prompt file {file}: entry {n + 1} has a NUL character in its prompt "
+                            f"({_short(prompt)}); remove it")
         prompts.append(prompt.strip())
-        tags.append(_opt(row.get("tag")))
-        categories.append(_opt(row.get("category")))
+        tags.append(_opt(row.get("tag"), file, n, "tag"))
+        categories.append(_opt(row.get("category"), file, n, "category"))
         metadata.append(row.get("metadata", {}))
     return PromptSet(tuple(prompts), tuple(tags), tuple(categories), tuple(metadata), str(file), fmt,
                      hashlib.sha256(raw).hexdigest())
 
 
-def _opt(value) -> str | None:
+def _opt(value, file: Path | None = None, n: int = 0, what: str = "value") -> str | None:
+    """A tag or category as text (numbers are accepted: ``3`` -> ``"3"``); a list or object is an error."""
     if value is None:
         return None
+    if isinstance(value, (dict, list)):
+        raise UserError(f"prompt file {file}: entry {n + 1} has a {what} that is not a plain value "
+                        f"({_short(value)}); give a string")
     value = str(value).strip()
     return value or None
+
+
+def _json(text: str, file: Path, where: str = ""):
+    """``json.loads`` whose failures are :class:`UserError` naming the file: invalid JSON, and JSON nested so deeply
+    that the parser runs out of stack (``RecursionError``; no prompt file nests more than a few levels)."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UserError(f"prompt file {file}{where} is not valid JSON ({exc}): is it truncated? Fix or re-export "
+                        f"it") from None
+    except RecursionError:
+        raise UserError(f"prompt file {file}{where}: JSON nested deeper than Python's parser allows (about "
+                        f"1,000 levels; a prompt file needs three or four): a corrupt or hostile file, not prompts; "
+                        f"give the prompt file itself") from None
 
 
 def _short(value, n: int = 80) -> str:
@@ -177,10 +208,7 @@ def _detect(file: Path, text: str) -> str:
     if suffix in (".csv", ".tsv"):
         return "csv"
     if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise UserError(f"prompt file {file} is not valid JSON ({exc})") from None
+        data = _json(text, file)
         if isinstance(data, dict) and "annotations" in data and "images" in data:
             return "coco"
         if isinstance(data, dict) and data and all(isinstance(v, dict) and "prompt" in v for v in data.values()):
@@ -209,6 +237,8 @@ def _read_jsonl(file: Path, text: str):
         except ValueError as exc:
             raise UserError(f"prompt file {file}, line {n}: not JSON ({exc}); a .jsonl file holds one JSON object "
                             f"per line (GenEval's evaluation_metadata.jsonl)") from None
+        except RecursionError:
+            obj = _json(line, file, f", line {n}")
         if not isinstance(obj, dict) or "prompt" not in obj:
             raise UserError(f"prompt file {file}, line {n}: expected an object with a \"prompt\" (GenEval: prompt, "
                             f"tag, include), got {_short(obj)}")
@@ -225,8 +255,24 @@ def _column(fields: list[str], names: tuple[str, ...]) -> str | None:
 
 def _read_csv(file: Path, text: str):
     dialect = "excel-tab" if file.suffix.lower() == ".tsv" else "excel"
-    reader = csv.DictReader(io.StringIO(text), dialect=dialect)
-    fields = reader.fieldnames or []
+    # strict: a quoted field left open at the end of the file, or text after a closing quote, is a csv.Error
+    reader = csv.DictReader(io.StringIO(text), dialect=dialect, strict=True)
+    rows: list[tuple[int, int, dict]] = []  # (first line, last line, row): a quoted field may span lines
+    end = 0
+    try:
+        fields = reader.fieldnames or []
+        end = reader.line_num
+        for row in reader:
+            rows.append((end + 1, reader.line_num, row))
+            end = reader.line_num
+    except csv.Error as exc:
+        raise UserError(f"prompt file {file}, line {end + 1}: not valid CSV ({exc}): a quote opened and never "
+                        f"closed, or text after a closing quote? Inside a quoted field write a quote twice (\"\"); "
+                        f"fix the line") from None
+    return _csv_prompts(file, fields, rows)
+
+
+def _csv_prompts(file: Path, fields: list[str], lines_rows: list):
     prompt_col = _column(fields, _PROMPT_COLUMNS)
     if prompt_col is None:
         raise UserError(f"prompt file {file}: no prompt column among {fields}; name it one of "
@@ -234,8 +280,13 @@ def _read_csv(file: Path, text: str):
     cat_col, tag_col, id_col = (_column(fields, _CATEGORY_COLUMNS), _column(fields, _TAG_COLUMNS),
                                 _column(fields, _ID_COLUMNS))
     rows, seen = [], set()
-    for row in reader:
+    for start, end, row in lines_rows:
         prompt = (row.get(prompt_col) or "").strip()
+        if "\n" in prompt or "\r" in prompt:  # a quote opened on one line and closed lines later
+            raise UserError(f"prompt file {file}, line {start}: the prompt runs over lines {start}-{end} (a quoted "
+                            f"field that swallows the lines after it: a quote opened and closed only on a later "
+                            f"line?); close the quote on line {start}, or write a quote inside a quoted field twice "
+                            f"(\"\")")
         if not prompt:
             continue
         if id_col is not None:  # DPG-Bench: one row per question, several per prompt
@@ -250,15 +301,33 @@ def _read_csv(file: Path, text: str):
 
 
 def _read_coco(file: Path, text: str, captions: str):
-    data = json.loads(text)
-    images = data.get("images") or []
+    data = _json(text, file)
+    if not isinstance(data, dict):
+        raise UserError(f"prompt file {file}: COCO captions JSON is an object with images and annotations, got "
+                        f"{type(data).__name__}")
+    images, annotations = data.get("images") or [], data.get("annotations") or []
+    for key, value in (("images", images), ("annotations", annotations)):
+        if not isinstance(value, list):
+            raise UserError(f"prompt file {file}: COCO {key!r} must be a list of objects, got "
+                            f"{type(value).__name__} ({_short(value)})")
     by_image: dict[Any, list[dict]] = {}
-    for ann in data.get("annotations") or []:
-        if isinstance(ann, dict) and "caption" in ann and "image_id" in ann:
+    for n, ann in enumerate(annotations):
+        if not isinstance(ann, dict):
+            raise UserError(f"prompt file {file}: COCO annotation {n + 1} is not an object ({_short(ann)}); each is "
+                            f"{{\"id\", \"image_id\", \"caption\"}}")
+        if "caption" in ann and "image_id" in ann:
+            if not isinstance(ann["caption"], str):
+                raise UserError(f"prompt file {file}: COCO annotation {n + 1} has a caption that is not text "
+                                f"({_short(ann['caption'])}); captions are strings")
+            if isinstance(ann["image_id"], (dict, list)):
+                raise UserError(f"prompt file {file}: COCO annotation {n + 1} has an image_id that is not a plain "
+                                f"value ({_short(ann['image_id'])})")
             by_image.setdefault(ann["image_id"], []).append(ann)
     rows = []
-    for image in images:
-        anns = sorted(by_image.get(image.get("id"), []), key=lambda a: (a.get("id", 0)))
+    for n, image in enumerate(images):
+        if not isinstance(image, dict) or isinstance(image.get("id"), (dict, list)):
+            raise UserError(f"prompt file {file}: COCO image {n + 1} is not an object with an id ({_short(image)})")
+        anns = sorted(by_image.get(image.get("id"), []), key=_annotation_order)
         for ann in anns if captions == "all" else anns[:1]:
             rows.append({"prompt": ann["caption"], "metadata": {"image_id": image.get("id"),
                                                                 "file_name": image.get("file_name"),
@@ -266,15 +335,24 @@ def _read_coco(file: Path, text: str, captions: str):
     return rows, "coco"
 
 
+def _annotation_order(ann: dict):
+    """Lowest annotation id first; numeric ids before any other (a file mixing ids 1 and "x" stays sortable)."""
+    key = ann.get("id", 0)
+    return (0, key, "") if isinstance(key, (int, float)) and not isinstance(key, bool) else (1, 0, str(key))
+
+
 def _read_mjhq(file: Path, text: str):
-    data = json.loads(text)
+    data = _json(text, file)
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise UserError(f"prompt file {file}: MJHQ-30K meta_data.json is {{image_id: {{prompt, category}}}}, got "
+                        f"{_short(data)}")
     rows = [{"prompt": v.get("prompt"), "category": v.get("category"), "metadata": {"image_id": k, **v}}
             for k, v in data.items()]
     return rows, "mjhq"
 
 
 def _read_json_list(file: Path, text: str):
-    data = json.loads(text)
+    data = _json(text, file)
     if not isinstance(data, list):
         raise UserError(f"prompt file {file}: expected a JSON list of prompts, got {type(data).__name__}")
     rows = []

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -46,12 +47,26 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             hint = f"; checkpoint files in {path.parent}: {near[:10]}" if near else f"; {path.parent} holds no checkpoint files"
         raise CheckpointError(f"checkpoint not found: {path}{hint}. Pass the path of a local weight file "
                               f"(nothing is downloaded at run time).")
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a weights file: pass the file itself (or the folder that "
+                              f"holds the official file names as --weights)")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return dict(load_file(str(path), device="cpu"))
+        try:
+            return dict(load_file(str(path), device="cpu"))
+        except OSError as exc:
+            raise CheckpointError(f"could not read {path} ({exc.strerror or exc}): check its permissions") from exc
+        except Exception as exc:  # noqa: BLE001 - SafetensorError: a bad header or data that ends too early
+            raise CheckpointError(
+                f"{path} is corrupt or truncated: not a readable safetensors file ({_first_line(exc)}; "
+                f"{_what_it_is(path)}). Download it again, or restore / re-export it "
+                f"(python -m var_core.testbed.train export for the testbed)."
+            ) from exc
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except OSError as exc:
+        raise CheckpointError(f"could not read {path} ({exc.strerror or exc}): check its permissions") from exc
     except Exception as exc:  # noqa: BLE001 - re-raised with the file name and the likely cause
         raise CheckpointError(
             f"could not read {path} as a weights file ({_first_line(exc)}): is it truncated, an HTML page saved "
@@ -59,6 +74,38 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             f"plain state_dicts; download the file again or convert it."
         ) from exc
     return unwrap_state_dict(obj, path)
+
+
+def _what_it_is(path: Path) -> str:
+    """A hint from a weights file's first bytes: an HTML page saved in place of a download, or its size."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(512).lstrip().lower()
+        size = path.stat().st_size
+    except OSError:
+        return "unreadable"
+    if head.startswith((b"<!doctype html", b"<html", b"<?xml", b"<head")):
+        return "it is an HTML page saved instead of the download"
+    return f"{size:,} bytes" + (", empty" if size == 0 else "")
+
+
+def read_json_file(path: str | Path, what: str, fix: str) -> dict:
+    """A JSON object from ``path``; a missing, unreadable, corrupt or truncated file (or one nested too deeply to
+    parse, or not an object) is a :class:`CheckpointError` naming it, saying what ``what`` is and how to ``fix``
+    it."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} {path} is missing: {fix}") from None
+    except OSError as exc:
+        raise CheckpointError(f"could not read {what} {path} ({exc.strerror or exc}): check its permissions") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError / UnicodeDecodeError are ValueErrors
+        reason = "nested too deeply to parse" if isinstance(exc, RecursionError) else f"not valid JSON: {exc}"
+        raise CheckpointError(f"{what} {path} is corrupt or truncated ({reason}): {fix}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{what} {path} is corrupt: expected a JSON object, got {type(data).__name__}; {fix}")
+    return data
 
 
 def _first_line(exc: BaseException) -> str:

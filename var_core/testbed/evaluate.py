@@ -34,15 +34,15 @@ import torch
 
 from ..engine import GenerationOptions, SamplingConfig, generate
 from ..engine.sampling import DRAWS
-from ..zoo import TESTBED_FOLDERS, load_model, testbed_folder
+from ..zoo import TESTBED_FOLDERS, load_model, read_testbed_card, testbed_folder
 from .classifier import ClassifierFeatureExtractor, load_classifier
 from .data import CLASS_NAMES, NUM_CLASSES, make_tensor_dataset
 
 
 def default_sampling(weights: str | Path | None = None, model: str = "testbed") -> SamplingConfig:
     """The testbed's default sampling setting (``testbed.json`` → ``default_sampling``)."""
-    card = json.loads((testbed_folder(model, weights) / "testbed.json").read_text())
-    return SamplingConfig(**card.get("default_sampling", {}))
+    card = read_testbed_card(testbed_folder(model, weights))
+    return SamplingConfig(**(card.get("default_sampling") or {}))
 
 
 @torch.no_grad()

@@ -32,6 +32,8 @@ resumed runs (Lightning's Timer state is part of the checkpoint). The run is ste
 step only (a time box stops early, it never bends the curve), batch ``j`` is a function of (seed, j)
 (``StepBatchSampler``), and every step reseeds the RNG from (seed, step) (label dropout, code restarts), so a
 resumed run equals an uninterrupted one bit for bit. The data are a pure function of ``--data-seed``.
+A checkpoint is read weights-only (``torch.load(weights_only=True)``, :func:`read_checkpoint`): a file that would
+unpickle code is refused with one error line, never run.
 """
 
 from __future__ import annotations
@@ -254,11 +256,35 @@ def _loader(ds: Dataset, batch_size: int, seed: int, start_step: int = 0) -> Dat
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
+def read_checkpoint(path: str | Path) -> dict:
+    """A training checkpoint read with ``torch.load(weights_only=True)``: tensors, numbers, strings and containers
+    only. A file that asks the unpickler for anything else (an object whose ``__reduce__`` would run code, which is
+    what a crafted ``--resume`` checkpoint would hold) is refused with a :class:`UserError` before any of it runs;
+    so is a corrupt or truncated file. The checkpoints this module writes load this way (their hyper-parameters are
+    JSON-ready and Lightning's own state is plain data)."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"training checkpoint {path} is missing: drop --resume to start fresh") from None
+    except Exception as exc:  # noqa: BLE001 - UnpicklingError (code or unknown objects), truncated zip, ...
+        text = " ".join(str(exc).split())
+        if "WeightsUnpickler error:" in text:
+            text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0].strip()
+        raise UserError(
+            f"refusing training checkpoint {path}: it is corrupt or truncated, or holds objects other than tensors "
+            f"and plain data (a pickle that could run code; {type(exc).__name__}: {text[:200]}). varscope never "
+            f"unpickles code: delete the file and train again without --resume") from None
+    if not isinstance(data, dict):
+        raise UserError(f"training checkpoint {path} holds a {type(data).__name__}, not a Lightning checkpoint: "
+                        f"delete it and train again without --resume")
+    return data
+
+
 def _checkpoint_step(path: str | None) -> int:
-    """The global step stored in a Lightning checkpoint (0 without one)."""
+    """The global step stored in a Lightning checkpoint (0 without one), read weights-only (no pickled code)."""
     if path is None:
         return 0
-    return int(torch.load(path, map_location="cpu", weights_only=False).get("global_step", 0))
+    return int(read_checkpoint(path).get("global_step", 0))
 
 
 def _train_images(n: int, data_seed: int, cache_dir: Path | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -527,7 +553,7 @@ def train_vqvae(out: Path, cfg: VQVAETrainConfig, seed: int = 0, max_minutes: fl
                                "32-true", meta, log_every)
     ckpt = _resume_path(out, "vqvae", resume)
     trainer.fit(module, _loader(_Uint8Images(images, labels), cfg.batch_size, seed, _checkpoint_step(ckpt)),
-                ckpt_path=ckpt)
+                ckpt_path=ckpt, weights_only=True)  # Lightning's load: no pickled code either
     return module
 
 
@@ -592,7 +618,7 @@ def train_var(out: Path, cfg: VARTrainConfig, seed: int = 0, max_minutes: float 
                                "bf16-mixed" if cfg.bf16 else "32-true", meta, log_every)
     ckpt = _resume_path(out, "var", resume)
     trainer.fit(module, _loader(_Tokens(tokens, labels), cfg.batch_size, seed, _checkpoint_step(ckpt)),
-                ckpt_path=ckpt)
+                ckpt_path=ckpt, weights_only=True)  # Lightning's load: no pickled code either
     return module
 
 

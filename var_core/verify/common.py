@@ -11,6 +11,13 @@ manifest, :class:`Fixture` makes three promises that a verifier alone cannot:
 A folder without a manifest is refused (:class:`ManifestError`, exit 2) unless ``partial=True`` (``--partial``):
 then the presence and hash checks are reported as ``SKIP`` and the run is labelled ``PARTIAL``; goldens found on
 disk are still all required to be checked.
+
+A manifest proves **completeness, not authenticity**: it shows that the folder holds every file it lists, unchanged
+since the manifest was written, but whoever edits the files can rewrite ``SHA256SUMS`` to match. The passing
+``manifest/sha256`` line therefore prints the manifest's own sha256, to compare with a copy from a trusted source
+(the fixture's producer, the README of the shared folder). A listed file that is a symbolic link leading out of the
+folder (or that lies below such a link) is refused (:class:`ManifestError`, exit 2): the hashes would then vouch
+for a file elsewhere, which anyone able to write there could swap.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,6 +269,26 @@ class Fixture:
                 f"--partial to check only the files that are there (the output is then marked PARTIAL)"
             )
         self.consumed: set[str] = set()
+        self._refuse_links_out()
+
+    def _refuse_links_out(self) -> None:
+        """:class:`ManifestError` naming the first listed file (every file, in a partial run) whose path leads out
+        of the folder through a symbolic link: verify reads only the fixture's own files."""
+        root = self.folder.resolve()
+        for name in self.listed():
+            path = self.folder / name
+            if not (path.exists() or path.is_symlink()):
+                continue  # a missing file is the manifest check's FAIL line
+            target = path.resolve()
+            if target == root or root in target.parents:
+                continue
+            link = next((p for p in [path, *path.parents] if p.is_symlink()), path)
+            where = MANIFEST if self.manifest is not None else "the folder (PARTIAL)"
+            raise ManifestError(
+                f"{path} (listed in {where}) leads out of the fixture folder: {link} is a symbolic link to "
+                f"{os.readlink(link) if link.is_symlink() else target}. verify reads only files inside the folder "
+                f"(a manifest vouches for completeness, not for files elsewhere); copy the file in "
+                f"(cp --remove-destination {target} {path}) and re-run")
 
     # ----- what the folder holds ---------------------------------------------------------------------------
     def listed(self) -> list[str]:
@@ -327,8 +355,11 @@ class Fixture:
                 checks.append(fail(f"manifest/{name}", f"sha256 mismatch: {name} is {actual[:16]}…, {MANIFEST} "
                                                        f"lists {expected[:16]}… (changed or corrupt file)"))
         if not checks:
+            own = sha256_of(self.folder / MANIFEST)
             checks.append(Check("manifest/sha256", True, detail=f"{len(self.manifest)}/{len(self.manifest)} listed "
-                                                                f"files present with their sha256"))
+                                                                f"files present with their sha256 (completeness, "
+                                                                f"not authenticity: compare {MANIFEST} sha256 "
+                                                                f"{own[:16]}… with a trusted copy)"))
         for name in sorted(p.name for p in self.folder.glob(GOLDEN_GLOB)):
             if name not in self.manifest:
                 checks.append(skip(f"manifest/{name}", f"not listed in {MANIFEST}, so not checked (add its sha256 "
