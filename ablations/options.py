@@ -4,6 +4,9 @@ Base: the preset named by ``--method`` (default ``nova``). For every component o
 with ``reconstructed=True`` whose values can be enumerated (declared ``choices``, or a categorical search space)
 gets one arm per alternative value, all else fixed. The options are discovered from the knob metadata, so a newly
 marked option joins the study without an edit here.
+
+Where a method has another complete reading shipped as a preset (:data:`READINGS`, e.g. a third-party
+implementation), that preset is one more arm: the whole reading against the base, beside the one-option swaps.
 """
 
 from __future__ import annotations
@@ -13,6 +16,13 @@ import dataclasses
 from var_core.accel.policy import COMPONENT_KINDS
 
 from .base import Arm, FamilyContext, baseline_arm, family, knob_alternatives, preset_arm, swap_option
+
+
+# base method -> presets that read the same method otherwise (each one arm of the ``options`` family)
+READINGS: dict[str, tuple[str, ...]] = {
+    "sparsevar": ("sparsevar_lvar",),  # the third-party code (Weepingchestnut/Lvar) against our reconstruction
+    "sparsevar_lvar": ("sparsevar",),
+}
 
 
 def reconstructed_options(config) -> list[tuple[str, str, object, tuple]]:
@@ -44,4 +54,6 @@ def options_family(ctx: FamilyContext) -> list[Arm]:
             if value == current:
                 continue
             arms.append(swap_option(base.config, kind, option, value))
+    for reading in READINGS.get(method, ()):
+        arms.append(preset_arm(reading, arm_name=f"reading={reading}"))
     return arms

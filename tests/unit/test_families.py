@@ -110,6 +110,25 @@ def test_criterion_family_is_ld_pruning_table_1():
                                                                                base.restorer, base.guidance)
 
 
+def test_options_family_sets_the_third_party_sparsevar_reading_beside_ours():
+    from ablations.base import FamilyContext
+
+    # one swap per alternative of each RECONSTRUCTED option of sparsevar, then the whole third-party reading
+    arms = build_arms("options", FamilyContext(method="sparsevar"))
+    assert [a.name for a in arms] == [
+        "baseline", "sparsevar", "scorer.upsample=nearest", "scorer.upsample=bicubic", "scorer.upsample=area",
+        "scorer.upsample=trilinear", "scorer.span=chunk", "scorer.cfg_halves=mean", "restorer.recovery=bilinear",
+        "restorer.recovery=most_similar", "restorer.source=anchors", "restorer.grid=with_last",
+        "restorer.forced=False", "restorer.target=final", "reading=sparsevar_lvar"]
+    assert all(a.ok for a in arms)
+    lvar = arms[-1]
+    assert lvar.config.name == "sparsevar_lvar" and lvar.config.per_model == "sparsevar_lvar"
+    assert "third-party" in lvar.description and lvar.changes == "method: sparsevar_lvar"
+    # and the other way round: our reconstruction is an arm of the third-party reading's options
+    back = build_arms("options", FamilyContext(method="sparsevar_lvar"))
+    assert back[1].name == "sparsevar_lvar" and back[-1].name == "reading=sparsevar"
+
+
 def test_every_family_names_its_paper_table():
     tables = {name: family_info(name).table for name in family_names()}
     assert tables["scorer"] == "NOVA Table 4" and tables["activation"] == "NOVA Table 5"

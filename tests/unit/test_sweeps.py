@@ -114,6 +114,11 @@ EXPECTED_SPACES = {
         ("scorer.upsample", "categorical", None, None, False, ("nearest", "bilinear", "area"), "bilinear"),
         ("restorer.stride", "int", 2, 8, False, None, 4),
     ],
+    "sparsevar_lvar": [  # the third-party code's setting: 'nearest' resize, threshold 0.6, stride 4
+        ("scorer.upsample", "categorical", None, None, False, ("nearest", "bilinear", "area"), "nearest"),
+        ("schedule.threshold", "float", 0.3, 0.9, False, None, 0.6),
+        ("restorer.stride", "int", 2, 8, False, None, 4),
+    ],
     "skipvar": [
         ("guidance.start_scale", "int", -4, -1, False, None, -3),
     ],

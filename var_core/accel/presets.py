@@ -399,6 +399,64 @@ def sparsevar() -> PolicyConfig:
         granularity="block",
     )
 
+LVAR_CHUNK_DEPTH = (3, 8)  # the third-party code's specific_mse_layer=3: block chunk 3 of Infinity's 8
+
+
+@preset("sparsevar_lvar", per_model=True)
+def sparsevar_lvar(model: ModelKey | None = None) -> PolicyConfig:
+    """SparseVAR as a third-party implementation runs it (Weepingchestnut/Lvar; the authors' code is unreleased).
+
+    Third-party, not the authors': the public repository ``Weepingchestnut/Lvar``, folder ``models/sparsevar/``.
+    On the last 3 scales it computes an adaptive share of tokens (those above 0.6 of the largest block-chunk MSE);
+    anchors recover the others' final hidden states where the previous scale's logits are cosine-similar.
+
+    Read by hand from ``sparsevar_model.py`` (``autoregressive_infer_cfg``, ``lf_anchor``, ``map_to_best_corner``,
+    ``generate_anchors_from_flat``) of that repository; each piece is a generic component option:
+
+    * from scale 10 of Infinity-1024's 13 on (``start_prune_stage=10``: 40, 48, 64) = the last 3 scales
+      (``fixed``, ``start_scale=-3``); every block of those scales runs on the kept tokens at their own positions;
+    * score: the MSE across **block chunk 3** (``specific_mse_layer=3``: blocks 12–15 of Infinity-2B's 8 chunks)
+      at the previous computed scale, mean over the channels, averaged over the two CFG halves, resized with
+      ``'nearest'`` (``mse`` ``block_change``, ``span='chunk'``, ``cfg_halves='mean'``, ``upsample='nearest'``);
+      at a pruned scale the excluded tokens' MSE is 0 (they never move);
+    * count: ``int(N · share)`` with ``share`` the fraction of the previous scale's cells whose MSE / max exceeds
+      0.6 (``compress_ratio``), the tokens kept by rank (``score_threshold``, ``share_grid='previous'``);
+    * anchors: stride 4 plus the last row and column, appended whenever ``4 % width != 0`` (``anchors``,
+      ``grid='with_last'``); at batch 1 they are **not** forced into the kept set (the code merges them only for
+      B > 1: ``forced=False``);
+    * recovery (``recovery='most_similar'``, ``target='final'``): after the last block, an excluded token whose
+      4 nearest anchors include one with cosine similarity > 0.8 (the ``beta`` of ``lf_anchor``; the
+      ``beta=0.99`` argument of ``autoregressive_infer_cfg`` is never passed on) takes that anchor's final hidden
+      state. The similarity is **not** between hidden states: it is between the previous scale's guided logits,
+      resized to this grid with ``'nearest'``. An anchor the scorer dropped lends its input. An excluded token
+      with no such anchor keeps its input as its final state and its codes are zeroed (no residual this scale).
+
+    Ours, not the code's: its batch rules (one MSE maximum and the largest share over the batch; anchors merged
+    into the kept set and cut to the batch's smallest union; the code zeroes codes through a ``view(1, 32, -1)``
+    that assumes B = 1) — here every sample follows the batch-1 rule on its own; ties (equal MSE ranks, equally
+    distant anchors) go to the lower position / earlier grid anchor where the code leaves them to ``torch.sort``;
+    scores are ranked on the policy's 2^-16 grid (``rank_bits``). Per model: the chunk is the one holding block
+    ⌊3L/8⌋ of the model's own chunks (Infinity's ``block_chunks``; L/8 groups elsewhere): chunk 3 of 8 on
+    Infinity-2B/8B, chunk 0 of 2 on the tiny Infinity (blocks 0–1), block 3 on the 8-block testbed, blocks 6–7 on
+    VAR-d16, 9–11 on HART-0.7B. On VAR and HART (not the code's models) the same rule runs on their last 3 scales
+    (VAR-d16: 10, 13, 16; HART: 36, 48, 64) with their guided logits (4096-way) as the similarity features; on a
+    schedule of 5 scales (the tiny Infinity: 4, 6, 8 wide) it prunes scales 2–4, where the 4-wide grid has the
+    single anchor (0, 0) (``4 % 4 == 0`` appends no last line). Today's reconstruction is the preset ``sparsevar``.
+    """
+    num_blocks = 32 if model is None else model.num_blocks  # the generic config is Infinity-2B's setting
+    block = LVAR_CHUNK_DEPTH[0] * num_blocks // LVAR_CHUNK_DEPTH[1]
+    return PolicyConfig(
+        name="sparsevar_lvar",
+        scorer=_c("scorer", "mse", mode="block_change", span="chunk", block=block, cfg_halves="mean",
+                  upsample="nearest"),
+        activation=_c("activation", "fixed", start_scale=-3),
+        schedule=_c("schedule", "score_threshold", threshold=0.6, share_grid="previous"),
+        restorer=_c("restorer", "anchors", stride=4, grid="with_last", forced=False, recovery="most_similar",
+                    target="final", neighbours=4, similarity=0.8),
+        cfg_rows="shared",
+        granularity="block",
+    )
+
 
 @preset("skipvar", per_model=True)
 def skipvar(model: ModelKey | None = None) -> PolicyConfig:

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ..attention_stats import align_rows, may_prune_next
-from ..base import Needs, NO_NEEDS, Scorer, Signals
+from ..base import Needs, NO_NEEDS, Scorer, Signals, block_chunk, last_block_of_chunk
 from ..frequency import RESIZE_MODES, resize_map
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCORERS
@@ -25,6 +25,14 @@ class MSEScorer(Scorer):
       of block ``s`` (knob ``block``) at the last computed scale, resized to the current grid with ``upsample``
       (RECONSTRUCTED, default ``bilinear``); the same score for every block of the scale. Declares
       ``Needs(block_io=True)`` on scales followed by a scale that may be pruned. ``[R, N]``; 0 at the first scale.
+
+    Options of ``block_change`` (RECONSTRUCTED; the values in brackets are the third-party SparseVAR code's,
+    ``Weepingchestnut/Lvar`` ``models/sparsevar/sparsevar_model.py``, preset ``sparsevar_lvar``): ``span`` —
+    the change across block ``s`` alone (default) or across the whole block chunk holding it, from the chunk's
+    input to its last block's output [chunk 3 of Infinity's 8]; chunks are the model's own (``block_chunks``),
+    else groups of L/8 blocks. ``cfg_halves`` — each network row's own change (default; with the policy's
+    ``cfg_rows='shared'`` the conditional row's decides) or one map per sample, the mean of its conditional and
+    unconditional rows' changes [``stack([mse[:B], mse[B:]]).mean(0)``] (``[B, N]``).
     """
 
     @dataclass(frozen=True)
@@ -38,14 +46,27 @@ class MSEScorer(Scorer):
         upsample: str = knob("bilinear", "resize of the previous scale's change map to the current grid",
                              choices=RESIZE_MODES, reconstructed=True,
                              search=SearchSpace("categorical", choices=("nearest", "bilinear", "area")))
+        span: str = knob("block", "block_change across block s alone, or across the block chunk holding it (the "
+                         "model's own chunks, else L/8 blocks each)", choices=("block", "chunk"), reconstructed=True)
+        cfg_halves: str = knob("own", "block_change of each network row, or per sample the mean over its two CFG "
+                               "halves", choices=("own", "mean"), reconstructed=True)
 
     def check_model(self, info) -> None:
         self._block(info.num_blocks)  # raises for a block the model does not have
 
     def start(self, info, signals) -> None:
         self.check_model(info)
-        self._change: dict[int, torch.Tensor] = {}  # si -> [R, h, w] change map of block s (latest scale)
+        self._change: dict[int, torch.Tensor] = {}  # si -> [R or B, h, w] change map of block s (latest scale)
         self._resized: dict[int, torch.Tensor] = {}
+        self._span_input: torch.Tensor | None = None  # [R, N, C] entering the measured span at this scale
+        s = self._block(info.num_blocks)
+        if self.config.span == "chunk":
+            chunk = block_chunk(s, info.num_blocks, info.block_chunks)
+            first = min(b for b in range(info.num_blocks) if block_chunk(b, info.num_blocks, info.block_chunks)
+                        == chunk)
+            self._span_blocks = (first, last_block_of_chunk(s, info.num_blocks, info.block_chunks))
+        else:
+            self._span_blocks = (s, s)
 
     def _block(self, num_blocks: int) -> int:
         s = self.config.block
@@ -61,8 +82,17 @@ class MSEScorer(Scorer):
         return NO_NEEDS
 
     def observe_block(self, ctx, block, x_in_RNC, x_out_RNC, signals: Signals) -> None:
-        if self.config.mode == "block_change" and block == self._block(ctx.num_blocks):
-            change_RN = (x_out_RNC.float() - x_in_RNC.float()).square().mean(-1)
+        if self.config.mode != "block_change":
+            return
+        first, last = self._span_blocks
+        if block == first:
+            self._span_input = x_in_RNC
+        if block == last and self._span_input is not None:
+            change_RN = (x_out_RNC.float() - self._span_input.float()).square().mean(-1)
+            self._span_input = None
+            B = ctx.batch_size
+            if self.config.cfg_halves == "mean" and change_RN.shape[0] == 2 * B:
+                change_RN = torch.stack([change_RN[:B], change_RN[B:]]).mean(0)
             self._change = {ctx.scale_index: change_RN.view(-1, *ctx.hw)}  # only the latest scale is read
 
     def score(self, ctx, block, branch, x_RNC, signals: Signals) -> torch.Tensor:
