@@ -399,6 +399,7 @@ def sparsevar() -> PolicyConfig:
         granularity="block",
     )
 
+
 LVAR_CHUNK_DEPTH = (3, 8)  # the third-party code's specific_mse_layer=3: block chunk 3 of Infinity's 8
 
 
