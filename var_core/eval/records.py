@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..engine import SamplingConfig
-from ..errors import UserError
+from ..errors import UserError, writing
 from .environment import attention_backend, device_name, model_dtype, sdpa_backend  # noqa: F401 - re-exported
 from .lightning import TIMED_REGION, ConditionSet
 
@@ -121,17 +121,18 @@ def write_atomic(path: str | Path, write: Callable[[Path], None], *, root: str |
     Refuses (:class:`UnsafeResultsPath`) when ``path`` or a folder between ``root`` and it is a symbolic link."""
     path = Path(path)
     check_no_links(path, root)
-    make_dirs(path.parent, root)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    # O_EXCL: fails on any existing entry, a (dangling) link included; mode 0o666 & ~umask like an ordinary file
-    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o666))
-    try:
-        write(tmp)
-        check_no_links(path, root)
-        os.replace(tmp, path)  # replaces a directory entry: a link created meanwhile is replaced, not followed
-    except BaseException:  # Ctrl-C or a full disk mid-write: the previous file (or none) stays, no temporary
-        tmp.unlink(missing_ok=True)
-        raise
+    with writing(path):  # a read-only or full file system: an OSError naming path (the writers lose the name)
+        make_dirs(path.parent, root)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        # O_EXCL: fails on any existing entry, a (dangling) link included; mode 0o666 & ~umask like an ordinary file
+        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o666))
+        try:
+            write(tmp)
+            check_no_links(path, root)
+            os.replace(tmp, path)  # replaces a directory entry: a link created meanwhile is replaced, not followed
+        except BaseException:  # Ctrl-C or a full disk mid-write: the previous file (or none) stays, no temporary
+            tmp.unlink(missing_ok=True)
+            raise
     return path
 
 
