@@ -84,19 +84,48 @@ def test_layer_only_differs_from_no_linkage_in_the_schedule_only(mark):
     assert set(differences(arms["dual"].config, none)) == {"schedule"}
 
 
+@pytest.fixture(scope="module")
+def testbed():
+    from ablations.runner import _default_sampling, study_conditions
+    from var_core.zoo import load_model
+
+    adapter = load_model("testbed")
+    return adapter, _default_sampling(adapter, "testbed", None), study_conditions(adapter, 6, 0)
+
+
+def work_per_scale(result, batch_size: int) -> dict[int, object]:
+    """scale -> "skip", or per block the tokens the first branch computed summed over rows (the packed total of a
+    ragged batch, else width × rows)."""
+    out = {}
+    for r in result.records:
+        if r.skipped:
+            out[r.scale_index] = "skip"
+            continue
+        rows = batch_size * (2 if r.guidance.name == "BOTH" else 1)
+        packed = r.packed_tokens or ((None,),) * len(r.kept_tokens)
+        out[r.scale_index] = tuple(p[0] if p[0] is not None else k[0] * rows
+                                   for k, p in zip(r.kept_tokens, packed))
+    return out
+
+
 @pytest.mark.parametrize("mark", ["†", "‡"])
-def test_layer_only_prunes_and_skips_the_no_linkage_scales(small, mark):
-    """Same scales pruned and left out; per (scale, block) the kept counts differ by the layer term alone.
+def test_layer_only_prunes_and_skips_the_no_linkage_scales(testbed, mark):
+    """Same scales pruned and left out; per (scale, block) the computed tokens differ by the layer term alone.
 
     The layer term moves ``logit(r)`` by ``λ·tanh(·)`` with ``|tanh| ≤ 1`` and the sigmoid's slope is at most 1/4,
-    so ``|Δr| ≤ λ/4`` and the counts ``N − floor(rN)`` / ``ceil((1 − r)N)`` differ by at most ``ceil(λN/4) + 1``.
-    (The pre-issue-28 arm, a constant base ratio on every accelerated scale, pruned scales the table leaves dense.)
+    so ``|Δr| ≤ λ/4`` and a row's count (``N − floor(rN)`` / ``ceil((1 − r)N)``) moves by at most
+    ``ceil(λN/4) + 1``. Six samples of the depth-8 testbed: sample 4 activates only at scale 9, so †'s 1.0 entry
+    at scale 8 cannot leave the scale out for the batch; the accelerated rows keep ``min_keep`` = 1 token and
+    sample 4's two rows all 169 (2·169 + 10·1 = 348 computed). The pre-issue-28 arm (a constant base ratio on
+    every accelerated scale) pruned scales the table leaves dense; a 1.0 entry run dense instead of at min_keep
+    is caught at scale 8.
     """
     arms = arms_of("linkage")
     layer = arms[f"layer-only{mark}"].config
-    a = kept_per_scale(run(small, arms[f"no-linkage{mark}"].config))
-    b = kept_per_scale(run(small, layer))
-    hw = small[0].scale_hw
+    adapter = testbed[0]
+    a = work_per_scale(run(testbed, arms[f"no-linkage{mark}"].config, samples=6), 6)
+    b = work_per_scale(run(testbed, layer, samples=6), 6)
+    hw = adapter.scale_hw
     assert set(a) == set(b)
     pruned = 0
     for si in a:
@@ -104,15 +133,14 @@ def test_layer_only_prunes_and_skips_the_no_linkage_scales(small, mark):
         if a[si] == "skip" or b[si] == "skip":
             assert a[si] == b[si] == "skip", f"scale {si}: {a[si]} vs {b[si]}"
             continue
-        dense_a, dense_b = all(k == N for k in a[si]), all(k == N for k in b[si])
-        assert dense_a == dense_b, f"scale {si}: no-linkage {a[si]} vs layer-only {b[si]}"
-        pruned += not dense_a
-        bound = math.ceil(layer.schedule.lam * N / 4) + 1
+        dense = 12 * N
+        assert (a[si] == (dense,) * len(a[si])) == (b[si] == (dense,) * len(b[si])), (si, a[si], b[si])
+        pruned += a[si] != (dense,) * len(a[si])
+        bound = 12 * (math.ceil(layer.schedule.lam * N / 4) + 1)
         assert all(abs(x - y) <= bound for x, y in zip(a[si], b[si])), (si, a[si], b[si], bound)
-    assert pruned >= 2  # the tables' pruned scales were reached (the testbed activates before them)
-    if mark == "†":  # FastVAR's (0.4, 0.5, 1.0, 1.0): the last two scales of testbed-small are not generated
-        assert a[8] == a[9] == "skip"
-        assert a[6] == (39,) * 4 and a[7] == (50,) * 4  # 64 - floor(0.4·64), 100 - floor(0.5·100)
+    assert pruned >= 2  # the tables' pruned scales were reached
+    if mark == "†":  # FastVAR's (0.4, 0.5, 1.0, 1.0) on the testbed's last four scales: 8×8, 10×10, 13×13, 16×16
+        assert a[9] == "skip" and a[8] == b[8] == (348,) * 8
 
 
 # ------------------------------------------------------------------------------------------------ criterion
@@ -207,3 +235,31 @@ def test_depth_arms_differ_from_their_reference_in_one_thing():
     assert list(token) == ["schedule"] and list(token["schedule"]) == ["beta"]
     layer = differences(toprovar, arms["scale-depth-loc+layer-ident"].config)
     assert list(layer) == ["schedule"] and set(layer["schedule"]) <= {"alpha_min", "alpha_max"}
+
+
+# ------------------------------------------------------------------------------------------------ ToProVAR's 11 scales
+def test_toprovar_presets_share_one_reading_of_the_11_scales():
+    """ToProVAR Table 7 (Infinity-2B: 11 scales, 32 layers; 8B: 13, 40), one reading for both presets: the
+    accelerated 2B runs leave out 0-indexed scales 11 and 12 (48×48, 64×64) of the 13-scale 1024-px schedule and
+    generate 11; ToProVAR's φ(s) = s/11 there. The 8B: ToProVAR generates its 13 scales; Table 8's FastVAR row
+    leaves 12 and 13 out explicitly."""
+    from profilers.plan_flops import planned_records
+    from var_core.accel.presets import INFINITY_1M, ModelKey, get_preset, resolve_config
+
+    arch = _infinity_2b_arch()
+    fast_skipped = [r.scale_index for r in planned_records(get_preset("fastvar_toprovar"), arch) if r.skipped]
+    assert fast_skipped == [11, 12]
+    two_b = resolve_config(get_preset("toprovar"), ModelKey("infinity", 32, INFINITY_1M))
+    assert two_b.skip.component_name == "skip_widths"
+    assert [si for si, hw in enumerate(INFINITY_1M) if hw[1] in two_b.skip.widths] == fast_skipped
+    assert two_b.schedule.s_max == 11
+    # nothing else of ToProVAR's setting moves
+    assert set(differences(get_preset("toprovar"), two_b)) == {"skip", "schedule"}
+    assert list(differences(get_preset("toprovar"), two_b)["schedule"]) == ["s_max"]
+    eight_b = resolve_config(get_preset("toprovar"), ModelKey("infinity", 40, INFINITY_1M))
+    assert eight_b.skip.component_name == "none" and eight_b.schedule.s_max == 0  # 0 = the model's 13
+    eight_b_fast = resolve_config(get_preset("fastvar_toprovar"), ModelKey("infinity", 40, INFINITY_1M))
+    assert eight_b_fast.schedule.widths == (32, 40, 48, 64) and eight_b_fast.schedule.ratios[2:] == (1.0, 1.0)
+    # VAR (the testbed's family): every scale, S_max = the model's count
+    var = resolve_config(get_preset("toprovar"), ModelKey("var", 8, ((1, 1), (2, 2), (4, 4), (8, 8), (16, 16))))
+    assert var.skip.component_name == "none" and var.schedule.s_max == 0

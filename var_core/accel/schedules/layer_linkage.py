@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..base import NO_NEEDS, Schedule
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
@@ -46,7 +48,8 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
     * ``scale_ratios`` — the base ratio per scale. ``()`` (default): ``r_base`` on every accelerated scale. A table
       (aligned to the LAST scales, as ``fixed_table``'s ``ratios``): each scale's base ratio is its entry instead
       of ``r_base``; a scale the table does not cover (or gives 0) is not pruned, an entry of 1.0 leaves the scale
-      out once every sample is accelerated (``fixed_table``'s 100 %). NOVA Table 6's layer-only†/‡ arms: the
+      out once every sample is accelerated (``fixed_table``'s 100 %; until then its accelerated rows keep the
+      policy's ``min_keep``, as there). NOVA Table 6's layer-only†/‡ arms: the
       layer adjustment around FastVAR's / SparseVAR's fixed scale-level ratios, on exactly the scales those
       tables prune or leave out, so the arm differs from the no-linkage arm in the layer term alone.
 
@@ -79,11 +82,13 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
         return ratio_for_scale(self.config.scale_ratios, ctx.scale_index, ctx.num_scales)
 
     def _tabled_out(self, ctx) -> bool:
-        """A table scale without a layer-adjusted ratio: not pruned (0) or not generated (1.0)."""
-        return bool(self.config.scale_ratios) and not 0.0 < self._base_ratio(ctx) < 1.0
+        """A scale the table leaves dense (no entry, or 0)."""
+        return bool(self.config.scale_ratios) and self._base_ratio(ctx) <= 0.0
 
     def needs(self, ctx, signals):
-        return NO_NEEDS if self._tabled_out(ctx) else super().needs(ctx, signals)
+        if self.config.scale_ratios and not 0.0 < self._base_ratio(ctx) < 1.0:
+            return NO_NEEDS  # dense, or 100 %: the layer term cannot move the ratio (no lens)
+        return super().needs(ctx, signals)
 
     def prunes_scale(self, ctx, signals) -> bool:
         return not self._tabled_out(ctx) and super().prunes_scale(ctx, signals)
@@ -95,6 +100,9 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
         cfg = self.config
         if self._tabled_out(ctx):
             return None
+        if self._base_ratio(ctx) >= 1.0:  # 100 %: every accelerated row keeps the policy's min_keep, as fixed_table
+            keep_B = torch.zeros(ctx.batch_size, dtype=torch.long)
+            return counts_for_rows(ctx, keep_B, started_B(ctx, signals), scores_RN.shape[0], scores_RN.device)
         diff_B = layer_difference_B(ctx, signals, block, cfg.first_block_reference, cfg.layer_profile)
         r_B = layer_adjusted_ratio(self._base_ratio(ctx), diff_B, 0.0, cfg.lam)
         signals.extras.setdefault(EXTRAS_KEY, {})[(ctx.scale_index, block)] = r_B
