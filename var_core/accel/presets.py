@@ -297,15 +297,18 @@ def fastvar_toprovar(model: ModelKey | None = None) -> PolicyConfig:
     """FastVAR as ToProVAR re-ran it (ToProVAR Table 8): 32 → 0.4, 40 → 0.6, widths 48 and 64 not generated.
 
     Table 8 gives Infinity-2B {10: 0.4; 11: 0.6} and Infinity-8B {10: 0.4; 11: 0.6; 12: 1.0; 13: 1.0}, 1-indexed
-    scales of the 13-scale 1024-px schedule (10 = 32×32 … 13 = 64×64). Our reading, RECONSTRUCTED: the 2B row
-    also leaves 48 and 64 out — Table 7 lists Infinity-2B with 11 scales, which is what FastVAR's released 2B code
-    generates (it skips 48 and 64 in its scale loop), and the reported 2.6× (Table 1) is out of reach if they are
-    generated dense (FLOPs-ideal 1.14× on Infinity-2B, docs/benchmarks.md). So both rows give the same config;
-    the literal 2B row is ``--set schedule.ratios=0.4,0.6,0,0`` (48 and 64 dense). Everything else is
-    ``fastvar``'s Infinity setting: the 24×24 cache, raw ranking, blocks 3..27 — on the 40-block 8B too, as the
-    released window is absolute (RECONSTRUCTED: ToProVAR does not say; ``--set pruned_blocks_end=none --set
-    exempt_last_blocks=4`` exempts the 8B's last 4 instead, the depth-relative reading). On HART, FastVAR's
-    released HART setting (ToProVAR Table 9 re-ran it; Table 8 has no HART row); not available on other families.
+    scales of the 13-scale 1024-px schedule (10 = 32×32 … 13 = 64×64). **ToProVAR's "11 scales"** (Table 7:
+    Infinity-2B 11 scales / 32 layers, Infinity-8B 13 / 40), the reading shared with the ``toprovar`` preset,
+    RECONSTRUCTED: the accelerated Infinity-2B runs generate the 1024-px schedule up to 40×40 (11 scales; widths 48
+    and 64 not generated, as FastVAR's released 2B code skips them in its scale loop) while the dense Infinity-2B
+    reference (the model's own rows of Tables 1–3 and 10) runs all 13: FastVAR's reported 2.6× (Table 1) is out of
+    reach if 48 and 64 are generated (FLOPs-ideal 1.14× on Infinity-2B, docs/benchmarks.md). The 8B runs 13 scales
+    and its FastVAR row leaves 12 and 13 out explicitly. So both rows give the same config here; the literal 2B row is ``--set
+    schedule.ratios=0.4,0.6,0,0`` (48 and 64 dense). Everything else is ``fastvar``'s Infinity setting: the 24×24
+    cache, raw ranking, blocks 3..27 — on the 40-block 8B too, as the released window is absolute (RECONSTRUCTED:
+    ToProVAR does not say; ``--set pruned_blocks_end=none --set exempt_last_blocks=4`` exempts the 8B's last 4
+    instead, the depth-relative reading). On HART, FastVAR's released HART setting (ToProVAR Table 9 re-ran it;
+    Table 8 has no HART row); not available on other families.
     """
     model = model or REFERENCE_MODELS["infinity"][1]
     if model.family == "infinity":
@@ -358,8 +361,13 @@ def ldpruning_skip() -> PolicyConfig:
     return dataclasses.replace(base, name="ldpruning_skip", skip=_c("skip", "skip_last", count=2))
 
 
-@preset("toprovar")
-def toprovar() -> PolicyConfig:
+# ToProVAR Table 7: the Infinity depth whose runs generate 11 scales (the 2B's 32 blocks), and the widths they leave out
+TOPROVAR_11_SCALE_BLOCKS = 32
+TOPROVAR_SKIPPED_WIDTHS = (48, 64)
+
+
+@preset("toprovar", per_model=True)
+def toprovar(model: ModelKey | None = None) -> PolicyConfig:
     """ToProVAR: attention-entropy pruning depth D (τ=0.4), Global/Detail layers by SVD per scale, entropy token
     gate in Detail layers with the appendix safety fallbacks; pruned tokens pass through (identity).
 
@@ -372,8 +380,16 @@ def toprovar() -> PolicyConfig:
     Ĥ is max-normalised (the printed H/ΣH collapses the gate), the gate's entropies come from the previous scale,
     and the depth test is taken on block 0's attention at the end of the scale (pruning from the next one). The
     adaptive scale-depth exit of ToProVAR Table 10 is the ``depth_exit`` skip, not part of this preset.
+
+    **ToProVAR's "11 scales"** (Table 7: Infinity-2B 11 scales / 32 layers, Infinity-8B 13 / 40), the reading
+    shared with ``fastvar_toprovar``, RECONSTRUCTED: on Infinity-2B the accelerated runs generate the 1024-px
+    schedule up to 40×40 — widths 48 and 64 are not generated (``skip_widths``, FastVAR's released 2B scale loop)
+    and φ(s) = s/11 (``schedule.s_max=11``, the generated scales) — while the dense reference runs all 13. Per
+    model: an Infinity with 32 blocks (the 2B) gets that setting (on a schedule without 48 / 64 nothing is left out
+    and S_max = its scale count); the 40-block 8B runs its 13 scales with S_max = 13; VAR, HART and the generic
+    config keep every scale with S_max = the model's scale count (``s_max=0``).
     """
-    return PolicyConfig(
+    config = PolicyConfig(
         name="toprovar",
         scorer=_c("scorer", "attention", min_region_keep=0.1, regions=4),
         activation=_c("activation", "low_entropy_ratio"),
@@ -383,6 +399,14 @@ def toprovar() -> PolicyConfig:
         cfg_rows="shared",
         granularity="block",
     )
+    if model is None or model.family != "infinity" or model.num_blocks != TOPROVAR_11_SCALE_BLOCKS:
+        return config
+    skipped = tuple(w for w in TOPROVAR_SKIPPED_WIDTHS if any(hw[1] == w for hw in model.scale_hw))
+    if not skipped:
+        return config
+    generated = sum(hw[1] not in skipped for hw in model.scale_hw)
+    return dataclasses.replace(config, skip=_c("skip", "skip_widths", widths=skipped),
+                               schedule=dataclasses.replace(config.schedule, s_max=generated))
 
 
 @preset("sparsevar")
