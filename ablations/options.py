@@ -14,15 +14,18 @@ from __future__ import annotations
 import dataclasses
 
 from var_core.accel.policy import COMPONENT_KINDS
+from var_core.accel.presets import OTHER_READINGS
 
 from .base import Arm, FamilyContext, baseline_arm, family, knob_alternatives, preset_arm, swap_option
 
 
 # base method -> presets that read the same method otherwise (each one arm of the ``options`` family)
-READINGS: dict[str, tuple[str, ...]] = {
-    "sparsevar": ("sparsevar_lvar",),  # the third-party code (Weepingchestnut/Lvar) against our reconstruction
-    "sparsevar_lvar": ("sparsevar",),
-}
+# method -> its other complete readings, both ways (var_core.accel.presets.OTHER_READINGS: e.g. sparsevar against
+# the third-party code sparsevar_lvar, stagevar against our earlier stagevar_sampled)
+READINGS: dict[str, tuple[str, ...]] = {}
+for _reading, _method in OTHER_READINGS.items():
+    READINGS[_method] = READINGS.get(_method, ()) + (_reading,)
+    READINGS[_reading] = READINGS.get(_reading, ()) + (_method,)
 
 
 def reconstructed_options(config) -> list[tuple[str, str, object, tuple]]:

@@ -32,6 +32,13 @@ class UnknownPresetError(UserError, KeyError):
 
 PRESETS: dict[str, Callable[..., PolicyConfig]] = {}
 PER_MODEL: set[str] = set()  # presets whose setting depends on the model (they take ``model=``)
+# presets that are another reading of a method (ours, or a third party's code), not its authors' setting: listed by
+# ``ls presets`` and compared with the method in the ``options`` family, but not arms of the ``method`` family
+OTHER_READINGS: dict[str, str] = {
+    "stagevar_sampled": "stagevar",  # our earlier reading (sampled tokens, flat 50 %, every scale generated)
+    "skipvar_static": "skipvar",  # one branch of the released per-sample decision, for every sample
+    "sparsevar_lvar": "sparsevar",  # the third-party code (Weepingchestnut/Lvar) against our reconstruction
+}
 
 
 @dataclass(frozen=True)
