@@ -298,19 +298,29 @@ def test_read_only_save_images_folder_keeps_the_records(fixture_dir, tmp_path, m
 
 
 @pytest.mark.skipif(not (TESTBED / "var.safetensors").is_file(), reason="the testbed weights are not shipped")
-@pytest.mark.parametrize("code, named", [(errno.EROFS, True), (errno.ENOSPC, False)], ids=["read-only", "full"])
-def test_demo_out_on_a_read_only_or_full_file_system(code, named, tmp_path, monkeypatch, capsys):
-    """PIL names the file when open() fails (read-only) and loses the name when a write fails (full disk): the
-    line names the PNG either way, and no half-written PNG is left."""
+@pytest.mark.parametrize("code", [errno.EROFS, errno.ENOSPC], ids=["read-only", "full"])
+def test_demo_out_on_a_read_only_or_full_file_system(code, tmp_path, monkeypatch, capsys):
+    """As on a real read-only / full tmpfs: on a read-only one PIL's open() fails naming the temporary file, and
+    removing that file fails too (EROFS, not ENOENT); on a full one the write fails without a file name and leaves
+    half a file. The line names the PNG either way, and no half-written PNG is left."""
     from PIL import Image
 
     out = tmp_path / "grid.png"
+    real_unlink = Path.unlink
 
     def save(self, fp, *args, **kwargs):
-        Path(fp).write_bytes(b"\x89PNG half")  # what a full disk leaves behind
-        raise OSError(code, os.strerror(code), str(fp)) if named else OSError(code, os.strerror(code))
+        if code == errno.EROFS:
+            raise OSError(code, os.strerror(code), str(fp))
+        Path(fp).write_bytes(b"\x89PNG half")
+        raise OSError(code, os.strerror(code))
+
+    def unlink(self, missing_ok=False):
+        if code == errno.EROFS and self.parent == tmp_path:
+            raise OSError(code, os.strerror(code), str(self))
+        return real_unlink(self, missing_ok=missing_ok)
 
     monkeypatch.setattr(Image.Image, "save", save)
+    monkeypatch.setattr(Path, "unlink", unlink)
     rc, err = _run(demo.main, ["--per-class", "1", "--classes", "2", "--out", out], capsys)
     assert_one_error(rc, err, f"cannot write {out}:", os.strerror(code), errno.errorcode[code])
     assert list(tmp_path.iterdir()) == []  # neither a PNG nor its temporary file

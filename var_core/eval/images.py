@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def save_grid(images_B3HW: torch.Tensor, path: str | Path, nrow: int = 8, upscal
             image.save(tmp, format=Image.registered_extensions().get(path.suffix.lower(), "PNG"))
             os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only file system even this fails: keep the first error
+            tmp.unlink(missing_ok=True)
         raise
     return path

@@ -40,6 +40,7 @@ straight through to the Trainer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -639,7 +640,8 @@ class GenerationRun:
                     os.fsync(handle.fileno())
                 os.replace(tmp, path)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # on a read-only file system even this fails: keep the first error
+                tmp.unlink(missing_ok=True)
             raise
         return path
 
