@@ -310,12 +310,12 @@ def fastvar_toprovar(model: ModelKey | None = None) -> PolicyConfig:
     and 64 not generated, as FastVAR's released 2B code skips them in its scale loop) while the dense Infinity-2B
     reference (the model's own rows of Tables 1–3 and 10) runs all 13: FastVAR's reported 2.6× (Table 1) is out of
     reach if 48 and 64 are generated (FLOPs-ideal 1.14× on Infinity-2B, docs/benchmarks.md). The 8B runs 13 scales
-    and its FastVAR row leaves 12 and 13 out explicitly. So both rows give the same config here; the literal 2B row is ``--set
-    schedule.ratios=0.4,0.6,0,0`` (48 and 64 dense). Everything else is ``fastvar``'s Infinity setting: the 24×24
-    cache, raw ranking, blocks 3..27 — on the 40-block 8B too, as the released window is absolute (RECONSTRUCTED:
-    ToProVAR does not say; ``--set pruned_blocks_end=none --set exempt_last_blocks=4`` exempts the 8B's last 4
-    instead, the depth-relative reading). On HART, FastVAR's released HART setting (ToProVAR Table 9 re-ran it;
-    Table 8 has no HART row); not available on other families.
+    and its FastVAR row leaves 12 and 13 out explicitly. So both rows give the same config here; the literal 2B
+    row is ``--set schedule.ratios=0.4,0.6,0,0`` (48 and 64 dense). Everything else is ``fastvar``'s Infinity
+    setting: the 24×24 cache, raw ranking, blocks 3..27 — on the 40-block 8B too, as the released window is
+    absolute (RECONSTRUCTED: ToProVAR does not say; ``--set pruned_blocks_end=none --set exempt_last_blocks=4``
+    exempts the 8B's last 4 instead, the depth-relative reading). On HART, FastVAR's released HART setting
+    (ToProVAR Table 9 re-ran it; Table 8 has no HART row); not available on other families.
     """
     model = model or REFERENCE_MODELS["infinity"][1]
     if model.family == "infinity":
