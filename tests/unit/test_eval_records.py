@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -85,6 +86,21 @@ def test_provenance_fields():
     git = rec.git_info()
     assert set(git) == {"sha", "dirty"}
     assert rec.to_jsonable({"a": (1, float("inf")), "b": math.nan}) == {"a": [1, None], "b": None}
-    assert rec.arm_slug("no-linkage(fastvar)/x y") == "no-linkage_fastvar_x_y"
+    name = "no-linkage(fastvar)/x y"
+    assert rec.arm_slug(name) == "no-linkage_fastvar_x_y-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    assert rec.arm_slug("scorer.upsample=area") == "scorer.upsample=area"  # safe names are their own slug
     a, b = rec.record_paths("out", "scorer.upsample=nearest"), rec.record_paths("out", "scorer.upsample=area")
     assert a[0].name == "scorer.upsample=nearest.json" and a[1].name == "scorer.upsample=nearest.pt" and a != b
+
+
+def test_arm_names_that_differ_only_in_symbols_get_distinct_record_files(tmp_path):
+    # the linkage family's no-linkage† and no-linkage‡ once shared arms/no-linkage.json (one replaced the other)
+    dagger, ddagger = rec.record_paths(tmp_path, "no-linkage†"), rec.record_paths(tmp_path, "no-linkage‡")
+    assert dagger[0] != ddagger[0] and dagger[1] != ddagger[1]
+
+
+def test_a_record_under_the_old_slug_is_found_only_for_the_arm_it_names(tmp_path):
+    (tmp_path / "arms").mkdir()
+    (tmp_path / "arms" / "no-linkage.json").write_text(json.dumps({"arm": "no-linkage‡"}))
+    assert rec.record_paths(tmp_path, "no-linkage‡")[0].name == "no-linkage.json"
+    assert rec.record_paths(tmp_path, "no-linkage†")[0].name != "no-linkage.json"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
@@ -166,16 +167,37 @@ def refuse_links_in(folder: str | Path) -> None:
             dirs[:] = [d for d in dirs if d not in RESULTS_OWN_LINKS]
 
 
+_SAFE = r"[^A-Za-z0-9._=+-]+"
+
+
+def _legacy_slug(name: str) -> str:
+    return re.sub(_SAFE, "_", name).strip("_") or "arm"
+
+
 def arm_slug(name: str) -> str:
-    """A file-name-safe version of an arm name."""
-    slug = re.sub(r"[^A-Za-z0-9._=+-]+", "_", name).strip("_")
-    return slug or "arm"
+    """A file-name-safe version of an arm name, distinct for distinct names: a name with characters outside
+    ``[A-Za-z0-9._=+-]`` gets those replaced by ``_`` and a short hash of the whole name appended (``no-linkage†``
+    and ``no-linkage‡`` were both ``no-linkage`` before, so one arm's record replaced the other's)."""
+    legacy = _legacy_slug(name)
+    if legacy == name:
+        return name
+    return f"{legacy}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:8]}"
 
 
 def record_paths(out_dir: str | Path, arm: str) -> tuple[Path, Path]:
-    """``(json record, tensor file)`` of an arm inside a run folder."""
+    """``(json record, tensor file)`` of an arm inside a run folder. A folder written before slugs were made
+    distinct keeps its records under the old slug; they are found there when the record there names this arm."""
     folder, slug = Path(out_dir) / "arms", arm_slug(arm)
-    return folder / f"{slug}.json", folder / f"{slug}.pt"  # not with_suffix: slugs may contain dots
+    paths = folder / f"{slug}.json", folder / f"{slug}.pt"  # not with_suffix: slugs may contain dots
+    legacy = _legacy_slug(arm)
+    if legacy != slug and not paths[0].exists() and (folder / f"{legacy}.json").is_file():
+        try:
+            named = json.loads((folder / f"{legacy}.json").read_text()).get("arm")
+        except (OSError, ValueError, AttributeError):
+            named = None
+        if named == arm:
+            return folder / f"{legacy}.json", folder / f"{legacy}.pt"
+    return paths
 
 
 # ----- provenance ------------------------------------------------------------------------------------------
@@ -209,7 +231,8 @@ def package_versions() -> dict:
     return out
 
 
-PROCESS_FIELDS = ("device", "device_name", "dtype", "attention_backend", "threads", "interop_threads")
+PROCESS_FIELDS = ("device", "device_name", "dtype", "attention_backend", "threads", "interop_threads", "precision",
+                  "matmul_precision", "autocast_dtype")
 
 
 def environment_info(adapter: Any, *, accelerator: str, devices: Any, strategy: str, processes: list[dict] | None
@@ -222,6 +245,11 @@ def environment_info(adapter: Any, *, accelerator: str, devices: Any, strategy: 
     here = {"device": str(device), "device_name": device_name(device), "dtype": model_dtype(adapter),
             "attention_backend": attention_backend(adapter), "threads": torch.get_num_threads(),
             "interop_threads": torch.get_num_interop_threads()}
+    from ..engine.precision import declared_precision
+
+    # --precision as the last generate() ran it (var_core.engine.precision), else as the adapter declares it
+    ran = getattr(adapter, "precision_ran", None) or declared_precision(getattr(adapter, "precision", None))
+    here.update({k: ran.get(k) for k in ("precision", "matmul_precision", "autocast_dtype")})
     processes = list(processes or [])
     first = min(processes, key=lambda p: p.get("rank", 0)) if processes else {}
     ran = {k: first[k] if first.get(k) is not None else here[k] for k in PROCESS_FIELDS}
@@ -259,6 +287,7 @@ class RunConfig:
     num_nodes: int = 1
     vae_weights: str | None = None  # --vae-weights (official checkpoints): part of the key when given
     text_encoder: str | None = None  # --text-encoder (text-to-image models): part of the key when given
+    precision: str | None = None  # --precision (var_core.engine.precision): part of the key unless fp32
 
     @property
     def config_hash(self) -> str:
@@ -278,6 +307,12 @@ class RunConfig:
             "model": self.model, "weights": str(Path(self.weights).resolve()) if self.weights else None,
             "dtype": self.dtype, "sampling": self.sampling_dict(), "samples": self.conditions.content_hash(),
         }
+        # where and in which precision it ran change the outputs: a GPU run never reuses a CPU record, nor the
+        # reverse (only when not the CPU / fp32, so the keys of earlier CPU fp32 records stay as they were)
+        if str(self.accelerator) in ("gpu", "cuda"):
+            key["device"] = "cuda"
+        if self.precision not in (None, "fp32"):
+            key["precision"] = self.precision
         for name in ("vae_weights", "text_encoder"):  # only when given: the keys of other records stay as they were
             value = getattr(self, name)
             if value:
