@@ -82,6 +82,33 @@ MARKDOWN_COLUMNS = ("ms_per_image", "speedup", "speedup_interleaved", "gflops", 
                     "image_reward", "hpsv2") + PROMPT_AND_IMPORTED[3:]
 
 
+def reference_metrics(records: list[dict]) -> tuple:
+    """The FID-vs-reference columns the records hold (``--fid-reference``, var_core.eval.reference): ``fid_ref``
+    and one ``fid_ref_<category>`` per reference category, as :data:`METRICS` rows."""
+    keys = sorted({k for r in records for k in (r.get("summary") or {})
+                   if k == "fid_ref" or k.startswith("fid_ref_")}, key=lambda k: (k != "fid_ref", k))
+    spaces = {str(e.get("feature_space")) for r in records for k in keys
+              if isinstance(e := (r.get("summary") or {}).get(k), dict) and e.get("feature_space")}
+    space = f" ({', '.join(sorted(spaces))})" if spaces else ""
+    return tuple((k, k, f"FID vs ref{space}" if k == "fid_ref" else f"FID vs ref [{k[len('fid_ref_'):]}]", 2, 1.0)
+                 for k in keys)
+
+
+def reference_note(records: list[dict]) -> str | None:
+    """The line under the table naming the FID reference: protocol, file, sha256, reference and sample counts."""
+    for r in records:
+        entry = (r.get("summary") or {}).get("fid_ref")
+        if isinstance(entry, dict) and entry.get("reference"):
+            proto = (r.get("protocol") or {}).get("name")
+            return (f"FID vs ref: {entry.get('protocol')}{f', protocol {proto}' if proto else ''}; reference "
+                    f"{entry['reference']} (sha256 {str(entry.get('reference_sha256'))[:16]}…, "
+                    f"{entry.get('n_reference')} reference images), {entry.get('n')} generated samples per arm "
+                    f"(per category: that category's samples against its statistics). The baseline's FID is "
+                    f"against the reference too. FIDs of other feature spaces or sample counts are not "
+                    f"comparable.\n")
+    return None
+
+
 @dataclass
 class FolderContents:
     """What a results folder holds: the readable finished ``records`` (baseline first), the ``unavailable`` arms
@@ -273,7 +300,7 @@ def table_frame(records: list[dict], unavailable: list | None = None, interleave
         row: dict[str, Any] = {"arm": r["arm"], "role": r["role"], "changes": r.get("changes", ""),
                                "n": r["samples"]["n"], "batch_size": t.get("batch_size"),
                                "n_batches": len(t.get("batches", []))}
-        for stem, key, _, _, _ in METRICS:
+        for stem, key, _, _, _ in METRICS + reference_metrics(records):
             summ = _get(s, key)
             if r["role"] == "baseline" and key in ("speedup", "speedup_interleaved", "flops_ratio", "memory_ratio"):
                 summ = {"mean": 1.0, "low": 1.0, "high": 1.0, "n": summ["n"] if summ else None}
@@ -466,6 +493,7 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
     present = [m for m in METRICS if m[0] in MARKDOWN_COLUMNS and any(
         _get(r["summary"], m[1]) is not None for r in records if r["role"] != "baseline"
         or m[0] in ("gflops", "peak_mb") + PROMPT_AND_IMPORTED) or m[0] in ("ms_per_image", "speedup")]
+    present += list(reference_metrics(records))  # --fid-reference: FID vs ref, per category
     n_batches = {len(r["timing"].get("batches", [])) for r in records}
     batches_note = f" ({n_batches.pop()} batches)" if len(n_batches) == 1 else " (batches)"
     # one headline speedup column, right after the latency, its header naming the timing; the other timing after it
@@ -540,6 +568,8 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
                    f"{' and '.join(protocols)} (var_core.eval.inception; protocols resize and normalise "
                    f"differently, so their FIDs are not comparable).\n")
     doc.append(f"Timed region: {TIMED_REGION}.\n")
+    if reference_note(records):
+        doc.append(reference_note(records))
     for note in (memory_note(records) if {"peak_mb", "memory_ratio"} & {m[0] for m in present} else None,
                  frechet_ci_note(records, [m[1] for m in present])):
         if note:

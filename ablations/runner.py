@@ -50,6 +50,7 @@ from var_core.errors import UserError
 from var_core.eval.distributed import Launch, RankChannel, resolve_launch, started_ranks
 from var_core.eval.lightning import ConditionSet, GenerationRun, ResultFileError, run_generation
 from var_core.eval.metrics import MetricContext, compute_arm_metrics
+from var_core.eval.reference import protocol_record
 from var_core.eval.stats import Summary, bootstrap_ci, paired_bootstrap_ratio, paired_wilcoxon
 
 from .base import Arm, FamilyContext, build_arms
@@ -113,6 +114,13 @@ class StudyOptions:
     draw: str | None = None
     prompts: str | None = None  # a prompt file (var_core.eval.prompts): text-to-image models only
     save_images: bool | str | None = None  # True: <out>/images/<arm>/...; a folder: <folder>/images/<arm>/...
+    # the papers' protocols (studies._evaluation_cli.add_protocol_arguments; var_core.eval.reference)
+    fid_reference: str | None = None  # .npz of mu/sigma or a folder of images: FID vs reference (fid_ref*)
+    protocol: str | None = None  # a named preset (imagenet-50k), already expanded into samples / sampling
+    more_smooth: bool | None = None  # HART's Gumbel smoothing (None: the model's default)
+    resolution: str | None = None  # Infinity pn / HART resolution (var_core.zoo.size_options)
+    aspect: float | None = None  # Infinity h_div_w
+    prompts_rewritten: str | None = None  # GenEval rewritten prompts, aligned with --prompts
 
 
 @dataclass
@@ -155,7 +163,7 @@ def resolve_model(name: str | None, weights: str | None) -> tuple[str, str | Non
 def sampling_overrides(options) -> dict:
     """The sampling knobs ``options`` sets (``cfg``, ``top_k``, ``top_p``, ``temperature``, ``draw``; None = not
     set)."""
-    return {k: getattr(options, k) for k in ("cfg", "top_k", "top_p", "temperature", "draw")
+    return {k: getattr(options, k) for k in ("cfg", "top_k", "top_p", "temperature", "draw", "more_smooth")
             if getattr(options, k, None) is not None}
 
 
@@ -165,14 +173,42 @@ def resolve_sampling(adapter, model: str, weights: str | None, overrides: dict |
     base = _default_sampling(adapter, model, weights)
     if not overrides:
         return base
+    if "more_smooth" in overrides and not hasattr(base, "more_smooth"):
+        raise UserError(f"--more-smooth / --no-more-smooth is HART's Gumbel smoothing; {model} samples without it: "
+                        f"drop the option")
     try:
         return dataclasses.replace(base, **overrides)
     except ValueError as exc:
         raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
 
 
+def load_study_reference(options, metric_ctx: MetricContext, conditions):
+    """``--fid-reference``: the :class:`~var_core.eval.reference.FIDReference` in the study's feature space, with
+    the generated samples' categories (prompt categories, or the class names); None when not given."""
+    if getattr(options, "fid_reference", None) is None:
+        return None
+    from var_core.eval.reference import load_fid_reference, study_feature_space
+
+    space = study_feature_space(metric_ctx)
+    if space is None:
+        raise UserError(f"--fid-reference needs a feature network: pass --inception-weights FILE (the FID "
+                        f"Inception; {metric_ctx.classifier_reason or 'no testbed classifier'})")
+    reference = load_fid_reference(options.fid_reference, space)
+    reference.class_names = metric_ctx.class_names
+    categories = getattr(conditions, "categories", None)
+    if categories is not None and any(c is not None for c in categories):
+        reference.sample_categories = tuple(categories)
+    return reference
+
+
+def size_options_of(options) -> dict:
+    """``--resolution`` / ``--aspect`` of a study, as :func:`load_study_model` keywords (only those given)."""
+    return {k: getattr(options, k) for k in ("resolution", "aspect") if getattr(options, k, None) is not None}
+
+
 def load_study_model(model: str, weights: str | None, *, vae_weights: str | None = None,
-                     text_encoder: str | None = None, dtype=torch.float32, device: str = "cpu", seed: int = 0):
+                     text_encoder: str | None = None, dtype=torch.float32, device: str = "cpu", seed: int = 0,
+                     resolution: str | None = None, aspect: float | None = None):
     """``var_core.zoo.load_model`` with the checkpoint paths of a study (``--weights --vae-weights
     --text-encoder``); ``--text-encoder`` on a class-conditional model is a ``UserError``."""
     from var_core.zoo import ZOO, load_model
@@ -193,16 +229,29 @@ def load_study_model(model: str, weights: str | None, *, vae_weights: str | None
             raise UserError(f"--text-encoder is for text-to-image models (Infinity: flan-T5, HART: Qwen2); {model} "
                             f"is class-conditional: drop the option")
         kwargs["text_encoder"] = text_encoder
-    return load_model(model, weights=weights, dtype=dtype, device=device, seed=seed, **kwargs)
+    if resolution is not None or aspect is not None:  # --resolution / --aspect: checked against the model's sizes
+        from var_core.zoo import size_options
+
+        kwargs.update(size_options(model, resolution, aspect))
+    adapter = load_model(model, weights=weights, dtype=dtype, device=device, seed=seed, **kwargs)
+    if resolution is not None or aspect is not None:
+        from var_core.zoo import check_native_size
+
+        check_native_size(model, adapter, resolution, aspect)
+    return adapter
 
 
-def load_prompts(path: str | None):
-    """The :class:`~var_core.eval.prompts.PromptSet` of ``--prompts`` (None when not given)."""
+def load_prompts(path: str | None, rewritten: str | None = None):
+    """The :class:`~var_core.eval.prompts.PromptSet` of ``--prompts`` (None when not given), its prompts replaced
+    by ``--prompts-rewritten`` when given (:func:`var_core.eval.prompts.with_rewritten_prompts`)."""
     if path is None:
+        if rewritten is not None:
+            raise UserError("--prompts-rewritten replaces the prompts of --prompts (GenEval metadata): give both")
         return None
-    from var_core.eval.prompts import load_prompt_set
+    from var_core.eval.prompts import load_prompt_set, with_rewritten_prompts
 
-    return load_prompt_set(path)
+    prompt_set = load_prompt_set(path)
+    return prompt_set if rewritten is None else with_rewritten_prompts(prompt_set, rewritten)
 
 
 def study_conditions(adapter, samples: int, seed: int, prompt_set=None) -> ConditionSet:
@@ -341,7 +390,7 @@ def plan_study(options: StudyOptions) -> StudyPlan:
         arms = [a for a in arms if a.role == "baseline" or a.name in wanted]
     model, weights, notes = resolve_model(options.model, options.weights)
     if options.prompts is not None:
-        load_prompts(options.prompts)  # a bad prompt file fails here, before any model is loaded
+        load_prompts(options.prompts, options.prompts_rewritten)  # a bad prompt file fails here, before any model is loaded
         from var_core.zoo import ZOO
 
         if getattr(ZOO.get(model.removeprefix("random:")), "family", None) not in TEXT_TO_IMAGE_FAMILIES:
@@ -543,6 +592,7 @@ def _refresh_metrics(out_dir: Path, found: dict, metric_ctx: MetricContext, sign
     record["metrics"].update(per_sample=per_sample, set_level=metrics.set_level, unavailable=metrics.unavailable,
                              signature=signature)
     record["metrics_info"] = metrics.info
+    record["protocol"] = protocol_record(plan.options, metric_ctx.fid_reference)  # var_core.eval.reference
     record["metrics"]["per_scale"]["token_agreement"] = metrics.per_scale.get("token_agreement")
     summary = _summaries(per_sample, plan.options.seed)
     summary.update(metrics.set_level)
@@ -563,7 +613,8 @@ def _metric_signature(ctx: MetricContext) -> dict:
             "inception": ctx.inception_weights, "clip": ctx.clip_weights,
             "image_reward": getattr(ctx, "image_reward_weights", None), "hps": getattr(ctx, "hps_weights", None),
             "fid_protocol": ctx.fid_protocol, "lpips": [ctx.lpips_net, ctx.lpips_backbone, ctx.lpips_lin],
-            "version": 3}  # 2: CLIP score per sample, ImageReward, HPSv2.1; 3: FID protocol, LPIPS
+            "version": 3,  # 2: CLIP score per sample, ImageReward, HPSv2.1; 3: FID protocol, LPIPS
+            **({"fid_reference": ctx.fid_reference.sha256} if getattr(ctx, "fid_reference", None) else {})}
 
 
 # ----- the results folder: lock, unreadable files, baseline identity ---------------------------------------
@@ -923,7 +974,7 @@ def _follow_study(options: StudyOptions, plan: StudyPlan, launch: Launch, channe
     arms to reuse or compute and writes everything; this rank reads and writes nothing in the results folder."""
     adapter = load_study_model(plan.model, plan.weights, vae_weights=options.vae_weights,
                                text_encoder=options.text_encoder, dtype=getattr(torch, options.dtype),
-                               device=launch.load_device)
+                               device=launch.load_device, **size_options_of(options))
     joined = 0
     while True:
         message = channel.receive()
@@ -963,12 +1014,13 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
         log(f"note: {note}")
     # loaded where it runs (the CPU for ddp_spawn, whose workers get a copy that Lightning moves to their device)
     adapter = load_study_model(plan.model, plan.weights, vae_weights=options.vae_weights,
-                               text_encoder=options.text_encoder, dtype=dtype, device=launch.load_device)
+                               text_encoder=options.text_encoder, dtype=dtype, device=launch.load_device,
+                               **size_options_of(options))
     sampling = resolve_sampling(adapter, plan.model, plan.weights, sampling_overrides(options))
     # a --set scale / block beyond this model is the user's mistake: an error, not a skipped or baseline-like arm
     check_overrides_on_model(available, options.overrides, adapter.num_scales, adapter.num_blocks, plan.model)
     available, unavailable = _check_arms_on_model(available, unavailable, adapter, sampling, plan.model, log)
-    prompt_set = load_prompts(options.prompts)
+    prompt_set = load_prompts(options.prompts, options.prompts_rewritten)
     image_root = images_root(options.save_images, out_dir)
     conditions = study_conditions(adapter, options.samples, options.seed, prompt_set)
     if prompt_set is not None:
@@ -981,6 +1033,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
                                      hps_weights=options.hps_weights, prompts=conditions.prompts,
                                      lpips_backbone=options.lpips_backbone, lpips_lin=options.lpips_lin,
                                      lpips_net=options.lpips_net, fid_protocol=options.fid_protocol)
+    metric_ctx.fid_reference = load_study_reference(options, metric_ctx, conditions)
     signature = _metric_signature(metric_ctx)
     log(f"study {options.family!r}: {len(available)} arms on {plan.model} ({adapter.image_size}px, "
         f"{adapter.num_scales} scales), {options.samples} samples per arm, batch {options.batch_size}, "
@@ -1106,6 +1159,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
                                       metric_ctx, is_baseline=is_base)
         record = _arm_record(config, arm, run, metrics, adapter, plan, None if is_base else base_record,
                              signature)
+        record["protocol"] = protocol_record(options, metric_ctx.fid_reference)  # var_core.eval.reference
         record["timing"]["arm_wall_seconds"] = time.perf_counter() - t0
         record["tensors"] = {"file": pt_path.name, "sha256": run.content_hash()}
         used_threads = (run.processes[0].get("threads") if run.processes else None) or threads

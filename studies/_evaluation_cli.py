@@ -48,3 +48,84 @@ def wandb_mode(choice: str | None) -> str:
     if mode not in ("offline", "online", "disabled"):
         mode = "disabled" if mode in ("dryrun", "off") else "offline"
     return mode
+
+# ----- the papers' evaluation protocols (ablate) -----------------------------------------------------------------
+PROTOCOL_SETTINGS = ("fid_reference", "protocol", "more_smooth", "resolution", "aspect", "prompts_rewritten")
+
+
+def fid_reference_path(text: str) -> str:
+    """``--fid-reference``: an existing ``.npz`` or folder of images (read when the study starts)."""
+    from pathlib import Path
+
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or folder (an .npz with mu/sigma, the ADM "
+                                         f"evaluator's reference batch, or a folder of images)")
+    if path.is_file() and path.suffix != ".npz":
+        raise argparse.ArgumentTypeError(f"{text} is not an .npz: give mu/sigma statistics as .npz (varscope "
+                                         f"fid-reference make DIR OUT.npz) or a folder of images")
+    return text
+
+
+def aspect_value(text: str) -> float:
+    """``--aspect``: height / width (Infinity's ``h_div_w``) as ``0.5`` or ``1:2`` (``H:W``)."""
+    try:
+        if ":" in text:
+            h, w = text.split(":", 1)
+            value = float(h) / float(w)
+        else:
+            value = float(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected height/width as a number (0.5) or H:W (1:2), got {text!r}") \
+            from None
+    if not 0 < value < 100:
+        raise argparse.ArgumentTypeError(f"the aspect (height / width) must be > 0, got {text}")
+    return value
+
+
+def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
+    """``--fid-reference --protocol --resolution --aspect --more-smooth/--no-more-smooth --prompts-rewritten``
+    (README "The papers' protocols"; every record names them under ``protocol``)."""
+    from var_core.eval.reference import PROTOCOLS
+
+    p.add_argument("--fid-reference", default=None, type=fid_reference_path, metavar="NPZ|DIR",
+                   help="FID of every arm (and the baseline) against reference statistics: an .npz with mu/sigma "
+                        "(pytorch-fid, the ADM evaluator's reference batch, or varscope fid-reference make) or a "
+                        "folder of images (sub-folders: per-category FIDs, MJHQ-30K); in the study's feature space "
+                        "(FID Inception with --inception-weights, else the testbed classifier's: FID-proxy)")
+    p.add_argument("--protocol", default=None, choices=sorted(PROTOCOLS),
+                   help="a paper's evaluation protocol as one flag: imagenet-50k = 50 samples per class (50,000 on "
+                        "ImageNet), VAR's sampling (cfg 1.5, top-k 900, top-p 0.96), FID vs --fid-reference")
+    p.add_argument("--resolution", default=None, metavar="PN",
+                   help="output size: Infinity's pn (0.06M, 0.25M, 0.60M, 1M) or HART's resolution (512, 1024); "
+                        "an unsupported value lists the valid ones")
+    p.add_argument("--aspect", default=None, type=aspect_value, metavar="H/W",
+                   help="height / width (Infinity's h_div_w: 1, 0.5, 2, 1:2, ...), the nearest of the model's "
+                        "ratios is refused unless exact; Infinity only")
+    p.add_argument("--more-smooth", dest="more_smooth", action=argparse.BooleanOptionalAction, default=None,
+                   help="HART's Gumbel smoothing of the latent (on in the official demo; it inflates FID, HART "
+                        "issue #14; default: the model's); recorded in sampling.more_smooth")
+    p.add_argument("--prompts-rewritten", default=None, type=existing_file, metavar="FILE",
+                   help="GenEval: the rewritten prompts (one per line or a .jsonl with 'prompt'), line i for "
+                        "metadata row i of --prompts; varscope does not rewrite prompts itself")
+
+
+def existing_file(text: str) -> str:
+    from pathlib import Path
+
+    if not Path(text).expanduser().is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
+
+
+def protocol_settings(args: argparse.Namespace) -> dict:
+    """The protocol options as study settings. ``--protocol`` is expanded first, into ``args`` itself
+    (:func:`var_core.eval.reference.expand_protocol`: ``--samples --cfg --top-k --top-p`` set by the preset unless
+    given on the command line, which wins)."""
+    if getattr(args, "protocol", None):
+        from var_core.eval.reference import expand_protocol
+
+        given = {k: getattr(args, k) for k in ("samples", "cfg", "top_k", "top_p") if getattr(args, k, None) is not None}
+        for key, value in expand_protocol(args.protocol, args.model, given).items():
+            setattr(args, key, value)
+    return {name: getattr(args, name) for name in PROTOCOL_SETTINGS if hasattr(args, name)}

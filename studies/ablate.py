@@ -25,6 +25,7 @@ from studies._args import (ArgumentParser, accelerator, at_least, check_devices,
                            lightning_interrupts, model_name, non_negative_int, positive_int, preset_name,
                            results_folder, seed_int, strategy_name, threads_setting)
 from studies._cli import note_results_folder, run_cli
+from studies._evaluation_cli import add_protocol_arguments, protocol_settings
 from studies._model_cli import add_model_arguments, model_settings
 
 
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="model name (default: testbed when its weights are shipped, else official-tiny)")
     add_model_arguments(parser)  # --weights --vae-weights --text-encoder --cfg --top-k --top-p --temperature
     #                               --prompts --save-images (studies._model_cli)
+    add_protocol_arguments(parser)  # --fid-reference --protocol --resolution --aspect --more-smooth
+    #                                  --prompts-rewritten (studies._evaluation_cli)
     parser.add_argument("--samples", type=at_least(2, "(confidence intervals need spread)"), default=None,
                         help="samples per arm (default: the family's, 64; scorer 32, its 19 arms within the "
                              "default study's 5 minutes)")
@@ -169,7 +172,7 @@ def cmd_family(args) -> int:
         image_reward_weights=args.image_reward_weights, hps_weights=args.hps_weights, lpips_backbone=args.lpips_backbone,
         lpips_lin=args.lpips_lin, lpips_net=args.lpips_net, fid_protocol=args.fid_protocol, plots=not args.no_plots,
         threads=args.threads, timing_rounds=args.timing_rounds,
-        timing_batch=args.timing_batch, retime=args.retime, **model_settings(args))
+        timing_batch=args.timing_batch, retime=args.retime, **model_settings(args), **protocol_settings(args))
     try:
         plan = plan_study(options)
     except (OverrideError, ValueError, KeyError) as exc:
@@ -210,6 +213,7 @@ def main(argv=None) -> int:
         print(f"error: unknown command {args.command!r}.{hint} Use a family ({', '.join(families)}), 'ls' or "
               f"'validate'.", file=sys.stderr)
         return 2
+    protocol_settings(args)  # --protocol sets --samples / sampling first (studies._evaluation_cli)
     check_devices(args.accelerator, args.devices, args.num_nodes, args.strategy, samples=default_samples(args),
                   batch_size=args.batch_size)
     return cmd_family(args)

@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "gpucheck": ("studies.gpucheck", (), "the first check to run on a GPU machine (GPU tests, then a latency "
                                          "report)"),
     "demo": ("studies.demo", (), "generate a class-conditional sample grid as one PNG"),
+    "fid-reference": ("studies.fid_reference", (), "make FID reference statistics (.npz) from a folder of images "
+                                                   "for --fid-reference; export the testbed's training images"),
     "preset-flops": ("studies.preset_flops", (), "FLOPs-ideal speedup of every preset on an Infinity "
                                                  "architecture (nothing loaded)"),
 }

@@ -1022,3 +1022,62 @@ def hart_proxy_adapter(config=None, width: int = 64, seed: int = 0):
     model, tok = build_hart_pair(cfg, tok_cfg, seed)
     encoder = RandomHARTTextEncoder(out_dim=cfg.context_dim, max_length=cfg.context_token, seed=seed)
     return HARTAdapter(model.eval().requires_grad_(False), tok.eval().requires_grad_(False), encoder)
+
+# ----- --resolution / --aspect -------------------------------------------------------------------------------
+#: ``--resolution`` in pixels for Infinity's ``pn`` names (the last scale of each schedule x 16 at h/w = 1).
+INFINITY_RESOLUTION_ALIASES = {"256": "0.06M", "512": "0.25M", "768": "0.60M", "1024": "1M"}
+
+
+def size_options(name: str, resolution: str | None = None, aspect: float | None = None) -> dict:
+    """``load_model`` options for ``--resolution`` / ``--aspect`` on ``name``: Infinity's ``pn`` (``0.06M``,
+    ``0.25M``, ``0.60M``, ``1M``, or 256 / 512 / 768 / 1024) and ``h_div_w`` (one of the official templates of
+    ``infinity/utils/dynamic_resolution.py``, :data:`~var_core.models.infinity.H_DIV_W_TEMPLATES`; the official
+    code silently takes the nearest, here another ratio is an error so a study never measures a size it did not
+    ask for). Other families generate one square size per checkpoint: ``{}`` after checking the aspect is 1 (the
+    resolution is checked against the loaded model by :func:`check_native_size`). A :class:`UserError` lists the
+    valid values."""
+    base = name.removeprefix("random:")
+    family = getattr(ZOO.get(base), "family", None)
+    if family != "infinity":
+        if aspect is not None and abs(float(aspect) - 1.0) > 1e-9:
+            raise UserError(f"--aspect {aspect:g}: {name} ({family}) generates square images only (valid --aspect: 1); "
+                            f"non-square schedules are Infinity's (h_div_w)")
+        return {}
+    from .models.infinity import H_DIV_W_TEMPLATES, PN_NUM_SCALES
+
+    out: dict = {}
+    if resolution is not None:
+        pn = INFINITY_RESOLUTION_ALIASES.get(str(resolution), str(resolution))
+        if pn not in PN_NUM_SCALES:
+            valid = ", ".join(f"{k} ({v}px)" for v, k in INFINITY_RESOLUTION_ALIASES.items())
+            raise UserError(f"--resolution {resolution}: {name} cannot generate it; valid: {valid}")
+        out["pn"] = pn
+    if aspect is not None:
+        match = [t for t in H_DIV_W_TEMPLATES if abs(t - float(aspect)) <= 5e-3]
+        if not match:
+            valid = ", ".join(f"{t:g}" for t in sorted(H_DIV_W_TEMPLATES))
+            raise UserError(f"--aspect {aspect:g} (height / width) is not one of {name}'s schedules; valid: {valid}")
+        out["h_div_w"] = match[0]
+    return out
+
+
+def check_native_size(name: str, adapter, resolution: str | None, aspect: float | None = None) -> None:
+    """``--resolution`` on a model with one size (VAR, HART, the testbed): it must be that size. ``--aspect`` on
+    an Infinity whose schedule is fixed by its files (the official fixture): the loaded schedule must have it."""
+    if getattr(ZOO.get(name.removeprefix("random:")), "family", None) == "infinity":
+        hw = getattr(adapter, "_scale_hw", None)
+        if aspect is not None and hw:
+            from .models.infinity import nearest_template
+
+            h, w = hw[-1]
+            if abs(nearest_template(h / w) - float(aspect)) > 5e-3:
+                raise UserError(f"--aspect {aspect:g}: {name}'s scale schedule is fixed by its files ({h}x{w} "
+                                f"tokens last, h/w {h / w:.3g}); use infinity-tiny / infinity-2b for other ratios")
+        return
+    if resolution is None:
+        return
+    native = int(getattr(adapter, "image_size", 0) or 0)
+    if str(resolution) != str(native):
+        raise UserError(f"--resolution {resolution}: {name} generates {native}px images only (valid --resolution: "
+                        f"{native}); other sizes need another checkpoint (VAR-d36 is 512px, HART-0.7B 1024px) or "
+                        f"an Infinity model (pn)")

@@ -592,6 +592,7 @@ class MetricContext:
     prompts: Sequence[str] | None = None  # the condition set's prompt per sample (text-to-image prompt sets)
     label_prompt: str | None = None  # "...{label}...": the text a class label conditions on (Infinity's label prompts)
     _loaded_models: dict = field(default_factory=dict, repr=False, compare=False)  # prompt-metric scorers, per run
+    fid_reference: Any | None = None  # --fid-reference: var_core.eval.reference.FIDReference (fid_ref, fid_ref_<c>)
 
     @staticmethod
     def build(adapter, *, classifier_path: str | Path | None = None, inception_weights=None, clip_weights=None,
@@ -723,6 +724,10 @@ def compute_arm_metrics(arm_images: torch.Tensor, base_images: torch.Tensor, lab
     except MetricUnavailable as exc:
         for name in ("fid_inception", "kid_inception", "is_inception"):
             out.unavailable[name] = str(exc)
+    if ctx.fid_reference is not None:  # the papers' FID against reference statistics, the baseline's included
+        values, unavailable = ctx.fid_reference.arm_metrics(arm_images, labels)
+        out.set_level.update(values)
+        out.unavailable.update(unavailable)
     lpips_name = f"lpips_{ctx.lpips_net}"
     if is_baseline:
         out.unavailable[lpips_name] = "reference arm"

@@ -37,13 +37,14 @@ import csv
 import hashlib
 import io
 import json
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, did_you_mean
 
-__all__ = ["PromptSet", "load_prompt_set", "FORMATS", "BUILTIN_DIR", "builtin_prompt_sets"]
+__all__ = ["PromptSet", "load_prompt_set", "with_rewritten_prompts", "FORMATS", "BUILTIN_DIR", "builtin_prompt_sets"]
 
 FORMATS = ("text", "geneval", "jsonl", "csv", "coco", "mjhq", "json")
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"
@@ -66,6 +67,7 @@ class PromptSet:
     source: str
     format: str
     sha256: str
+    rewritten: dict | None = None  # --prompts-rewritten: {"file", "sha256", "prompts"} (with_rewritten_prompts)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -101,7 +103,41 @@ class PromptSet:
             if t is not None:
                 tags[t] = tags.get(t, 0) + 1
         return {"source": self.source, "format": self.format, "sha256": self.sha256, "prompts": len(self),
-                "categories": counts or None, "tags": tags or None}
+                "categories": counts or None, "tags": tags or None, "rewritten": self.rewritten}
+
+
+def with_rewritten_prompts(prompt_set: PromptSet, path: str | Path) -> PromptSet:
+    """``prompt_set`` generating from the rewritten prompts of ``path`` (one per line, or a ``.jsonl`` of objects
+    with ``prompt``), line ``i`` for prompt ``i``; the metadata (GenEval's ``evaluation_metadata`` rows, which its
+    evaluator scores against), tags and categories stay the original's. varscope never rewrites prompts itself:
+    Infinity's GenEval numbers with its prompt rewriter differ from those without (Infinity issue #16)."""
+    import hashlib
+
+    p = Path(path).expanduser()
+    try:
+        raw = p.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--prompts-rewritten {p}: cannot read it as UTF-8 text ({type(exc).__name__})") from None
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if p.suffix == ".jsonl":
+        rewritten = []
+        for n, ln in enumerate(lines, 1):
+            try:
+                row = json.loads(ln)
+            except ValueError:
+                raise UserError(f"--prompts-rewritten {p}, line {n}: not JSON") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise UserError(f"--prompts-rewritten {p}, line {n}: expected an object with a 'prompt' string")
+            rewritten.append(row["prompt"])
+    else:
+        rewritten = [ln.strip() for ln in lines]
+    if len(rewritten) != len(prompt_set):
+        raise UserError(f"--prompts-rewritten {p} has {len(rewritten)} prompts, --prompts {prompt_set.source} has "
+                        f"{len(prompt_set)}: give one rewritten prompt per metadata row, in the same order")
+    info = {"file": str(p), "sha256": hashlib.sha256(raw).hexdigest(), "prompts": len(rewritten),
+            "changed": sum(a != b for a, b in zip(rewritten, prompt_set.prompts))}
+    return dataclasses.replace(prompt_set, prompts=tuple(rewritten), rewritten=info)
 
 
 def builtin_prompt_sets() -> dict[str, Path]:
