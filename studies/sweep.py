@@ -23,8 +23,9 @@ one per trial, grouped by study; ``wandb sync <out>/wandb/offline-run-*`` upload
 Resume: re-run the same command. Completed trials are kept; trials left RUNNING by a killed worker are marked FAIL
 and their parameters re-queued (the dead worker's pid is detected on this host; RDB storages also use optuna's
 heartbeat, ``fail_stale_trials``, for workers of other hosts); a journal whose last line was cut off by a killed
-worker is repaired (the original kept as ``study.journal.bak-<time>``). Dashboard (offline): ``optuna-dashboard <out>/study.journal`` or
-``optuna-dashboard sqlite:///path.db``, then open http://127.0.0.1:8080.
+worker is repaired (the original kept as ``study.journal.bak-<time>``). Dashboard (offline):
+``python -m sweeps.dashboard <out>/study.journal`` or ``python -m sweeps.dashboard sqlite:///path.db``
+(optuna-dashboard with Optuna 5's constraints honoured), then open http://127.0.0.1:8080.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 from studies._args import (ArgumentParser, check_evaluation_args, lightning_interrupts, positive_float, positive_int,
                            preset_name, results_folder)
 from studies._cli import note_results_folder, run_cli
-from studies._evaluation_cli import add_evaluation_arguments, evaluation_settings, wandb_mode
+from studies._evaluation_cli import add_evaluation_arguments, evaluation_banner, evaluation_settings, wandb_mode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +105,7 @@ def main(argv=None) -> int:
         enqueue_default=not args.no_default_trial, timeout=args.timeout)
     from ablations.runner import resolve_model
 
+    print(evaluation_banner("sweep", args), flush=True)
     note_results_folder(Path(spec.out) if spec.out else default_out_dir(spec, resolve_model(spec.eval.model,
                                                                                             spec.eval.weights)[0]))
     try:

@@ -64,8 +64,14 @@ PRUNED (user attr ``duplicate_of``) and does not count towards ``trials``; a wor
 ``MAX_CONSECUTIVE_DUPLICATES`` proposals were all duplicates stops (the space is exhausted). The Pareto front of the
 report holds one trial per parameter set.
 
-Dashboard: ``optuna-dashboard <out>/study.journal`` (journal) or ``optuna-dashboard sqlite:///x.db`` (RDB), then open
-http://127.0.0.1:8080 — it serves the study offline.
+Dashboard: ``python -m sweeps.dashboard <out>/study.journal`` (journal) or ``python -m sweeps.dashboard
+sqlite:///x.db`` (RDB), then open http://127.0.0.1:8080 — optuna-dashboard serving the study offline, with Optuna 5's
+constraints honoured (the stock ``optuna-dashboard`` 0.21 shows an infeasible trial as best).
+
+PostgreSQL (``postgresql://USER:PW@HOST/DB``; the ``[postgres]`` extra installs psycopg 3, the driver SQLAlchemy 2.1
+maps the bare scheme to; psycopg2 is used when only it is installed, see :func:`rdb_url`): schema and study creation
+run under a ``pg_advisory_lock``, so machines started at the same moment on an empty database all join one study
+(:func:`_create_or_load`); a database error is one ``error:`` line (:func:`storage_errors`).
 """
 
 from __future__ import annotations
@@ -217,6 +223,9 @@ def default_out_dir(spec: SweepSpec, model: str) -> Path:
     extra = " ".join(sorted(spec.params)) + "|" + " ".join(sorted(spec.overrides))
     if extra != "|":
         tag += "_" + hashlib.sha1(extra.encode()).hexdigest()[:8]
+    from sweeps.evaluate import launch_tag
+
+    tag += launch_tag(spec.eval, model)  # device and precision (empty on a CPU in fp32)
     return Path("results") / "sweeps" / tag
 
 
@@ -278,6 +287,8 @@ def check_storage(storage: str | None) -> None:
             raise SweepError(f"{option}: unknown storage URL scheme {scheme!r}.{did_you_mean(scheme, RDB_SCHEMES)} "
                              f"Give sqlite:///FILE.db, postgresql://USER:PW@HOST/DB, mysql://…, or a journal file "
                              f"path (no ://)")
+        if scheme in ("postgresql", "postgres"):
+            rdb_url(storage)  # the driver is installed (or one error line naming the [postgres] extra)
         if scheme == "sqlite":
             file = _sqlite_file(storage)
             if file is None:
@@ -416,26 +427,152 @@ def make_storage(storage: str | None, out_dir: Path, log: Callable[[str], None] 
                          f"another study (--out / --storage)") from None
 
 
+# PostgreSQL drivers SQLAlchemy knows, by the module each one imports: SQLAlchemy 2.1 maps a bare postgresql:// to
+# psycopg (3), 2.0 to psycopg2; the [postgres] extra installs psycopg[binary]
+_PG_DRIVERS = {"psycopg": "psycopg", "psycopg2": "psycopg2", "pg8000": "pg8000", "asyncpg": "asyncpg"}
+PG_EXTRA_HINT = "pip install 'varscope[postgres]' (psycopg 3) or pip install psycopg2-binary"
+# pg_advisory_lock key held while a process creates the schema and the study (any int8; "varscope" in ASCII)
+_PG_LOCK_KEY = int.from_bytes(b"varscope", "big") & 0x7FFFFFFFFFFFFFFF
+LOCK_TIMEOUT_S = 120
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def rdb_url(url: str) -> str:
+    """The SQLAlchemy URL for ``url``: ``postgres://`` spelled ``postgresql://``, and a bare ``postgresql://`` sent to
+    an installed driver (psycopg 3, else psycopg2) when the one SQLAlchemy would pick is missing. A URL naming a
+    driver that is not installed, or no PostgreSQL driver at all, is one error naming the ``[postgres]`` extra."""
+    scheme, rest = url.split("://", 1)
+    base, _, driver = scheme.partition("+")
+    if base.lower() not in ("postgresql", "postgres"):
+        return url
+    base = "postgresql"
+    if driver:
+        module = _PG_DRIVERS.get(driver.lower(), driver)
+        if not _importable(module):
+            raise SweepError(f"--storage {url}: the PostgreSQL driver {driver!r} is not installed; {PG_EXTRA_HINT}, "
+                             f"or drop '+{driver}' to use the installed one")
+        return f"{base}+{driver}://{rest}"
+    from sqlalchemy.engine import make_url
+
+    default = make_url(f"{base}://{rest}").get_dialect().driver
+    for name in (default, "psycopg", "psycopg2"):
+        if _importable(_PG_DRIVERS.get(name, name)):
+            return f"{base}://{rest}" if name == default else f"{base}+{name}://{rest}"
+    raise SweepError(f"--storage {url}: no PostgreSQL driver is installed; {PG_EXTRA_HINT}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+class _creation_lock:
+    """Serialise schema and study creation across processes and machines on a PostgreSQL storage
+    (``pg_advisory_lock``): two workers started together on an empty database otherwise both run Optuna's
+    ``CREATE TABLE`` / alembic stamping and one fails with an IntegrityError (optuna#1092). Other URLs: no lock
+    (SQLite: the parent creates the study before its workers start; see :func:`_create_or_load`'s retries)."""
+
+    def __init__(self, url: str):
+        self.url, self.conn, self.engine = url, None, None
+
+    def __enter__(self):
+        if not self.url.split("://", 1)[0].lower().startswith("postgres"):
+            return self
+        import sqlalchemy
+
+        self.engine = sqlalchemy.create_engine(rdb_url(self.url), poolclass=sqlalchemy.pool.NullPool)
+        try:
+            self.conn = self.engine.connect()
+            self.conn.execute(sqlalchemy.text(f"SET lock_timeout = '{LOCK_TIMEOUT_S}s'"))
+            self.conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            self.__exit__()
+            raise SweepError(f"--storage {self.url}: cannot open the database ({_one_line(exc)})") from None
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.conn is not None:
+            try:
+                import sqlalchemy
+
+                self.conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY})
+            except Exception:  # noqa: BLE001 - closing the session releases the lock anyway
+                pass
+            self.conn.close()
+            self.conn = None
+        if self.engine is not None:
+            self.engine.dispose()
+            self.engine = None
+        return False
+
+
 def _rdb_storage(url: str):
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heartbeat and the retry callback are "experimental" in optuna
         try:
-            return RDBStorage(url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=GRACE_PERIOD,
-                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+            with _creation_lock(url):
+                return RDBStorage(rdb_url(url), heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=GRACE_PERIOD,
+                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+        except SweepError:
+            raise
         except ImportError as exc:
             raise SweepError(f"--storage {url}: the database driver is not installed ({exc}); install it (e.g. "
-                             f"pip install psycopg2-binary for postgresql, pymysql for mysql+pymysql://)") from None
+                             f"{PG_EXTRA_HINT} for postgresql://, pymysql for mysql+pymysql://)") from None
         except Exception as exc:  # noqa: BLE001 - sqlalchemy's OperationalError / ArgumentError: a bad URL or server
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise SweepError(f"--storage {url}: cannot open the database ({type(exc).__name__}: {first})") from None
+            raise SweepError(f"--storage {url}: cannot open the database ({_one_line(exc)})") from None
+
+
+def _create_or_load(storage, url: str | None, **kwargs):
+    """``optuna.create_study(load_if_exists=True)`` that several processes may call at the same moment: under the
+    PostgreSQL advisory lock, and retried on the IntegrityError of a concurrent creation elsewhere."""
+    import optuna
+    import sqlalchemy
+
+    for attempt in range(5):
+        try:
+            with _creation_lock(url or ""):
+                return optuna.create_study(storage=storage, load_if_exists=True, **kwargs)
+        except sqlalchemy.exc.IntegrityError:
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
+def storage_errors(storage: str | None):
+    """Context: a database error while the study runs (server gone, connection lost) is one SweepError line."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except SweepError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - only sqlalchemy's errors are converted
+            if type(exc).__module__.split(".")[0] not in ("sqlalchemy", "psycopg", "psycopg2"):
+                raise
+            raise SweepError(f"the study storage {storage} failed ({_one_line(exc)}); check the database server, "
+                             f"then re-run the same command to resume") from None
+
+    return guard()
+
+
+def storage_label(spec: SweepSpec, out_dir: Path) -> str:
+    """The study's storage as a user gives it: the RDB URL or the journal file."""
+    return spec.storage if storage_kind(spec.storage) == "rdb" else str(journal_path(spec.storage, out_dir))
 
 
 def dashboard_command(spec: SweepSpec, out_dir: Path) -> str:
-    if storage_kind(spec.storage) == "rdb":
-        return f"optuna-dashboard {spec.storage}"
-    return f"optuna-dashboard {journal_path(spec.storage, out_dir)}"
+    """optuna-dashboard with Optuna 5's constraints honoured (:mod:`sweeps.dashboard`; the stock 0.21 app shows an
+    infeasible trial as best)."""
+    return f"python -m sweeps.dashboard {storage_label(spec, out_dir)}"
 
 
 def sampler_seed(base_seed: int | None, trials_in_storage: int, worker_index: int) -> int | None:
@@ -562,8 +699,8 @@ def open_study(prep: Prepared, *, create: bool, worker_index: int = 0, log: Call
     sampler = make_sampler(prep.spec, worker_index)
     identity = prep.spec.identity(prep.space, prep.constraint, prep.evaluator.model)
     if create:
-        study = optuna.create_study(storage=storage, study_name=prep.study_name, sampler=sampler,
-                                    directions=directions(prep.spec), load_if_exists=True)
+        study = _create_or_load(storage, prep.spec.storage if storage_kind(prep.spec.storage) == "rdb" else None,
+                                study_name=prep.study_name, sampler=sampler, directions=directions(prep.spec))
     else:
         study = optuna.load_study(study_name=prep.study_name, storage=storage, sampler=sampler)
     stored = study.user_attrs.get(SPEC_ATTR)
@@ -576,7 +713,7 @@ def open_study(prep: Prepared, *, create: bool, worker_index: int = 0, log: Call
             study.set_metric_names([COSTS[prep.spec.cost], prep.spec.quality])
     elif json.loads(json.dumps(stored)) != json.loads(json.dumps(identity, default=str)):
         diff = [k for k in identity if json.dumps(stored.get(k), default=str) != json.dumps(identity[k], default=str)]
-        raise SweepError(f"study {prep.study_name!r} in {dashboard_command(prep.spec, prep.out_dir).split(' ', 1)[1]} "
+        raise SweepError(f"study {prep.study_name!r} in {storage_label(prep.spec, prep.out_dir)} "
                          f"was created with a different {', '.join(diff)}; resume it with the same settings, or "
                          f"start another study with --study-name or --out")
     return study
@@ -861,7 +998,13 @@ def run_worker(prep: Prepared, worker_index: int = 0, log: Callable[[str], None]
 
 def run_sweep(spec: SweepSpec, workers: int = 1, log: Callable[[str], None] = print,
               prep: Prepared | None = None) -> dict:
-    """Prepare, create the study, cache the baseline, run the workers, write the report; returns the results."""
+    """Prepare, create the study, cache the baseline, run the workers, write the report; returns the results.
+    A database error on the way (server down, connection lost) is a :class:`SweepError` line, not a traceback."""
+    with storage_errors(spec.storage):
+        return _run_sweep(spec, workers, log, prep)
+
+
+def _run_sweep(spec: SweepSpec, workers: int, log: Callable[[str], None], prep: Prepared | None) -> dict:
     from optuna.trial import TrialState
 
     started = time.perf_counter()
@@ -879,7 +1022,7 @@ def run_sweep(spec: SweepSpec, workers: int = 1, log: Callable[[str], None] = pr
     log(f"study {prep.study_name!r}: {complete}/{spec.trials} complete trials; {spec.sampler} sampler; "
         f"objectives {prep.cost_metric} ↓, {spec.quality} {'↑' if METRICS[spec.quality].direction == 'maximize' else '↓'}"
         + (f"; constraint {prep.constraint.text}" if prep.constraint else "") + f"; storage "
-        f"{dashboard_command(spec, out_dir).split(' ', 1)[1]}")
+        f"{storage_label(spec, out_dir)}")
     log(f"space: {', '.join(p.display for p in prep.space.params)}")
     spec_path = out_dir / "sweep_spec.json"
     from var_core.eval.records import write_json_atomic
@@ -1124,8 +1267,8 @@ def write_report(prep: Prepared, log: Callable[[str], None] = print) -> dict:
             plots.update(p)
     pareto = frame[frame["pareto"] == True] if not frame.empty else frame  # noqa: E712
     result = {
-        "schema": "varscope.sweep/1", "study": prep.study_name, "storage": dashboard_command(prep.spec, out_dir)
-        .split(" ", 1)[1], "dashboard": dashboard_command(prep.spec, out_dir),
+        "schema": "varscope.sweep/1", "study": prep.study_name, "storage": storage_label(prep.spec, out_dir),
+        "dashboard": dashboard_command(prep.spec, out_dir),
         "spec": dataclasses.replace(prep.spec, out=str(out_dir)).to_dict(), "space": prep.space.to_dict(),
         "objectives": {"cost": {"metric": prep.cost_metric, "direction": METRICS[prep.cost_metric].direction},
                        "quality": {"metric": prep.spec.quality, "direction": METRICS[prep.spec.quality].direction}},
@@ -1166,9 +1309,14 @@ def _worker_main(argv=None) -> int:
 
     # the output folder and study exist (the parent created them); the identity check compares settings, so the
     # thread count (not part of it) may differ per worker
-    prep = prepare(spec, log=lambda m: None)
-    prep.evaluator.log = log
-    run_worker(prep, args.index, log=log)
+    try:
+        with storage_errors(spec.storage):
+            prep = prepare(spec, log=lambda m: None)
+            prep.evaluator.log = log
+            run_worker(prep, args.index, log=log)
+    except SweepError as exc:
+        print(f"error: {tag} {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

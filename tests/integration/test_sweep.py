@@ -72,7 +72,7 @@ def test_tiny_sweep_front_is_non_dominated_and_resume_adds_nothing(tmp_path, fix
         row = done[done["number"] == number].iloc[0]
         assert row["flops_ratio"] == pytest.approx(arm_f / base_f, rel=1e-9)  # the objective the study saw
     data = json.loads((out / "results.json").read_text())
-    assert data["constraint"]["threshold"] == 0.0 and data["dashboard"].startswith("optuna-dashboard ")
+    assert data["constraint"]["threshold"] == 0.0 and data["dashboard"].startswith("python -m sweeps.dashboard ")
     # W&B: one offline run per trial, under the output folder
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 4, runs

@@ -34,4 +34,4 @@ def test_two_workers_on_one_sqlite_study(tmp_path, fixture_dir):
     assert len(seeds) == 2 and len({seed for _, seed in seeds}) == 2  # one seed per worker, distinct
     front = [tuple(sorted((k, v) for k, v in row.items() if k.startswith("param:"))) for row in result["pareto_front"]]
     assert front and len(set(front)) == len(front)
-    assert "optuna-dashboard sqlite:///" in proc.stdout
+    assert "python -m sweeps.dashboard sqlite:///" in proc.stdout
