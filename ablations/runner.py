@@ -47,7 +47,8 @@ import torch
 
 from var_core.eval import records as rec
 from var_core.errors import UserError
-from var_core.eval.distributed import Launch, RankChannel, resolve_launch, started_ranks
+from var_core.engine.precision import parameter_dtype, run_tag, study_precision
+from var_core.eval.distributed import Launch, RankChannel, resolve_accelerator, resolve_launch, started_ranks
 from var_core.eval.lightning import ConditionSet, GenerationRun, ResultFileError, run_generation
 from var_core.eval.metrics import MetricContext, compute_arm_metrics
 from var_core.eval.reference import protocol_record
@@ -85,7 +86,8 @@ class StudyOptions:
     method: str = "nova"  # base of the 'options' family
     warmup: int = 1
     progress: bool = True
-    dtype: str = "float32"
+    dtype: str = "float32"  # former setting: bfloat16 = precision bf16 when precision is None
+    precision: str | None = None  # var_core.engine.precision; None: the family's official mode on a GPU, CPU fp32
     arms: tuple[str, ...] | None = None  # run only these arm names (the baseline always runs)
     inception_weights: str | None = None
     clip_weights: str | None = None
@@ -343,6 +345,13 @@ def resolve_threads(setting: int | str | None) -> tuple[int | None, str]:
 SAMPLING_TAGS = (("cfg", "cfg"), ("top_k", "topk"), ("top_p", "topp"), ("temperature", "temp"), ("draw", "draw"))
 
 
+def _zoo_family(model: str) -> str:
+    from var_core.zoo import ZOO
+
+    spec = ZOO.get(str(model).removeprefix("random:"))
+    return spec.family if spec is not None else "var"
+
+
 def default_out_dir(options: StudyOptions, model: str) -> Path:
     """``results/ablate/<family>[-<method>]_<model>_n<N>_seed<S>`` plus one readable part per setting that changes
     the results when it is not the default: ``_set-<hash>`` (``--set``), ``_prompts-<file stem>``, ``_cfg3_topk600
@@ -362,8 +371,12 @@ def default_out_dir(options: StudyOptions, model: str) -> Path:
         if name in given:
             value = given[name]
             tag += f"_{short}-{value}" if isinstance(value, str) else f"_{short}{value:g}"
-    if getattr(options, "dtype", "float32") != "float32":
-        tag += f"_{options.dtype}"
+    # where and in which precision: _bfloat16 (the former --dtype, on a CPU), else _<cpu|gpu>_<precision> unless
+    # the CPU in fp32 (var_core.engine.precision.run_tag)
+    device = torch.device("cuda" if resolve_accelerator(options.accelerator) == "gpu" else "cpu")
+    precision = study_precision(getattr(options, "precision", None), getattr(options, "dtype", "float32"),
+                                _zoo_family(model), device)
+    tag += "_bfloat16" if (device.type, precision) == ("cpu", "bf16") else run_tag(device.type, precision)
     paths = [(name, getattr(options, name, None)) for name in ("weights", "vae_weights", "text_encoder")]
     paths = [f"{name}={Path(value).expanduser().resolve()}" for name, value in paths if value]
     if paths:
@@ -973,8 +986,10 @@ def _follow_study(options: StudyOptions, plan: StudyPlan, launch: Launch, channe
     (same policy, sampling, samples, batch size, warm-up, threads) until it says it is done. Rank 0 decides which
     arms to reuse or compute and writes everything; this rank reads and writes nothing in the results folder."""
     adapter = load_study_model(plan.model, plan.weights, vae_weights=options.vae_weights,
-                               text_encoder=options.text_encoder, dtype=getattr(torch, options.dtype),
+                               text_encoder=options.text_encoder,
+                               dtype=parameter_dtype(options.precision, options.dtype),
                                device=launch.load_device, **size_options_of(options))
+    adapter.precision = study_precision(options.precision, options.dtype, adapter.family, launch.device)
     joined = 0
     while True:
         message = channel.receive()
@@ -1008,7 +1023,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
     if not any(a.role == "baseline" for a in available):
         raise RuntimeError("the baseline arm cannot be built")
 
-    dtype = getattr(torch, options.dtype)
+    dtype = parameter_dtype(options.precision, options.dtype)
     device = launch.device  # this process's device: probes, the interleaved re-timing and the records use it
     for note in launch.notes:
         log(f"note: {note}")
@@ -1016,6 +1031,8 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
     adapter = load_study_model(plan.model, plan.weights, vae_weights=options.vae_weights,
                                text_encoder=options.text_encoder, dtype=dtype, device=launch.load_device,
                                **size_options_of(options))
+    # generate() runs in it, records state it and it is part of every arm's reuse key (var_core.engine.precision)
+    adapter.precision = precision = study_precision(options.precision, options.dtype, adapter.family, device)
     sampling = resolve_sampling(adapter, plan.model, plan.weights, sampling_overrides(options))
     # a --set scale / block beyond this model is the user's mistake: an error, not a skipped or baseline-like arm
     check_overrides_on_model(available, options.overrides, adapter.num_scales, adapter.num_blocks, plan.model)
@@ -1047,7 +1064,8 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             arm=arm.name, family=options.family, policy=arm.config, model=plan.model, weights=plan.weights,
             sampling=sampling, conditions=conditions, batch_size=options.batch_size, warmup=options.warmup,
             role=arm.role if arm.role == "baseline" else "arm", description=arm.description,
-            plain_loop=arm.role == "baseline", dtype=options.dtype, accelerator=launch.accelerator,
+            plain_loop=arm.role == "baseline", dtype=str(dtype).removeprefix("torch."), precision=precision,
+            accelerator=launch.accelerator,
             devices=launch.devices, strategy=launch.strategy, num_nodes=launch.num_nodes,
             vae_weights=options.vae_weights, text_encoder=options.text_encoder)
 

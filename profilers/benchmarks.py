@@ -34,7 +34,6 @@ goes to stderr, the table to stdout.
 from __future__ import annotations
 
 import dataclasses
-import platform
 import statistics
 import sys
 import time
@@ -90,7 +89,11 @@ class PruneLastScaleHalf(Policy):
         return keep.expand(x_RNC.shape[0], -1)
 
 
-def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
+                        device: torch.device | str | None = None) -> dict[str, list[float]]:
+    """Seconds per variant and repeat, the variants interleaved run by run; on a CUDA ``device`` every clock read
+    follows a synchronisation of that device (not of the current one)."""
+    device = torch.device(device) if device is not None else None
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(warmup):
         for fn in variants.values():
@@ -99,16 +102,27 @@ def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int,
         for name, fn in variants.items():
             start = time.perf_counter()
             fn()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            if device is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)
             times[name].append(time.perf_counter() - start)
     return times
 
 
 def environment_line(adapter, batch_size: int) -> str:
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    """The header of a benchmark table: the device the model is on (and its name), the parameter dtype and the
+    precision generate() runs in (``adapter.precision``: autocast dtype, float32 matmul precision)."""
+    from var_core.engine.precision import parse_precision
+    from var_core.eval.environment import attention_backend, device_name, model_dtype
+
+    device = getattr(adapter, "device", torch.device("cpu"))
+    name = getattr(adapter, "precision", None)
+    spec = parse_precision(name) if name else None
+    autocast = str(spec.autocast).removeprefix("torch.") if spec is not None and spec.autocast is not None else None
+    matmul = spec.matmul_precision if spec is not None else torch.get_float32_matmul_precision()
     return (f"# model={getattr(adapter, 'model_name', '?')} batch={batch_size} device={device} "
-            f"threads={torch.get_num_threads()} torch={torch.__version__} dtype=float32 attention=sdpa")
+            f"device_name={device_name(device)!r} threads={torch.get_num_threads()} torch={torch.__version__} "
+            f"dtype={model_dtype(adapter)} precision={name or 'unset'} autocast={autocast} matmul={matmul} "
+            f"attention={attention_backend(adapter)}")
 
 
 def bench_sampling(sampling: SamplingConfig, overrides: dict) -> SamplingConfig:
@@ -158,9 +172,9 @@ def bench_engine(adapter, sampling: SamplingConfig, batch_sizes, repeats: int, w
     official = dataclasses.replace(sampling, draw="multinomial")
     for batch_size in batch_sizes:
         print(environment_line(adapter, batch_size))
-        labels = torch.arange(batch_size) % adapter.cfg.num_classes
+        labels = (torch.arange(batch_size) % adapter.cfg.num_classes).to(adapter.device)
         seeds = list(range(batch_size))
-        gens = lambda: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
+        gens = lambda: [torch.Generator(adapter.device).manual_seed(s) for s in seeds]  # noqa: E731
 
         def reference():
             with torch.inference_mode():
@@ -175,7 +189,7 @@ def bench_engine(adapter, sampling: SamplingConfig, batch_sizes, repeats: int, w
         variants["engine, empty slots"] = lambda: generate(adapter, labels, seeds, sampling, options=options)
         variants["engine, composed no-op policy"] = lambda: generate(adapter, labels, seeds, sampling,
                                                                      policy=noop_accel, options=options)
-        times = interleaved_medians(variants, repeats)
+        times = interleaved_medians(variants, repeats, device=adapter.device)
         ref = statistics.median(times["reference (official algorithm)"])
         print(f"{'variant':36s} {'median s':>9s} {'min s':>8s} {'ratio':>7s}")
         for name, values in times.items():
@@ -246,7 +260,7 @@ def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: i
     if "baseline" not in names:
         names = ["baseline"] + names
     B = batch_size
-    labels = torch.arange(B) % adapter.cfg.num_classes
+    labels = (torch.arange(B) % adapter.cfg.num_classes).to(adapter.device)
     if prompt_set is not None:  # text-to-image prompt set: sample i on prompt i mod P
         labels = conditions_for(adapter, B, 0, prompt_set)
     seeds = list(range(1000, 1000 + B))
@@ -279,7 +293,7 @@ def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: i
     variants = {name: (lambda p=policy: generate(adapter, labels, seeds, sampling, policy=p, options=options))
                 for name, policy in policies.items()}
     _progress(f"timing {len(variants)} presets x {repeats} interleaved repeats")
-    times = interleaved_medians(variants, repeats, warmup=0)
+    times = interleaved_medians(variants, repeats, warmup=0, device=adapter.device)
 
     scoring_share, lens_share = {}, {}
     for name in names:

@@ -69,6 +69,7 @@ class LatencySettings:
     threads: int | None = None
     device: str | None = None
     dtype: str = "float32"
+    precision: str | None = None  # --precision (var_core.engine.precision); None: the family's default there
     breakdown_scale: int | None = None  # default: the last scale
     plots: bool = True
     all_breakdowns: bool = False  # per-method breakdown figures for the throughput batch too
@@ -239,6 +240,11 @@ def _environment(adapter, device, settings: LatencySettings, timer_kind: str, me
         "dtype": dtype, "attention_backend": sdpa_backend(device), "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(), "hostname": platform.node(),
     }
+    from var_core.engine.precision import declared_precision
+
+    # --precision as the last generate() ran it, else as declared (matmul precision, autocast dtype)
+    ran = getattr(adapter, "precision_ran", None) or declared_precision(getattr(adapter, "precision", None))
+    env.update({k: ran.get(k) for k in ("precision", "matmul_precision", "autocast_dtype")})
     env.update({
         "torch": torch.__version__, "timer": timer_kind, "memory_source": memory_source,
         "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -627,13 +633,22 @@ def default_out_dir(settings: LatencySettings, model: str) -> Path:
     """``--out``, else ``results/latency/<model>_<method>_b<B>[-<TB>]`` (``model`` resolved)."""
     if settings.out:
         return Path(settings.out)
+    from var_core.engine.precision import run_tag, study_precision
+    from var_core.zoo import ZOO
+
+    device = torch.device(latency_device(settings))
+    spec = ZOO.get(model.removeprefix("random:"))
+    precision = study_precision(settings.precision, settings.dtype, spec.family if spec else "var", device)
     return Path("results") / "latency" / (
-        f"{model.replace(':', '-')}_{settings.method}_b{'-'.join(map(str, batch_sizes(settings)))}")
+        f"{model.replace(':', '-')}_{settings.method}_b{'-'.join(map(str, batch_sizes(settings)))}"
+        f"{run_tag(device.type, precision)}")
 
 
 def latency_device(settings: LatencySettings) -> str:
     """``settings.device``, else ``cuda`` when torch sees a GPU, else ``cpu``."""
-    return settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if settings.device not in (None, "auto"):
+        return settings.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def latency_methods(settings: LatencySettings) -> tuple[list[str], list[str]]:

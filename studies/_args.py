@@ -339,3 +339,116 @@ def lightning_interrupts() -> Iterator[None]:
         if isinstance(exc.__context__, KeyboardInterrupt):
             raise KeyboardInterrupt from exc
         raise
+
+
+# ----- where and in which precision a command runs --------------------------------------------------------------
+def precision_setting(text: str) -> str:
+    """``--precision``: fp32, tf32, bf16-autocast, fp16-autocast (optionally ``+tf32``) or bf16, with a
+    did-you-mean (see :mod:`var_core.engine.precision`)."""
+    from var_core.engine.precision import PRECISIONS, parse_precision
+
+    try:
+        return parse_precision(text).name
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}.{did_you_mean(str(text), PRECISIONS)}") from None
+
+
+PRECISION_HELP = ("numeric precision: fp32, tf32, bf16-autocast, fp16-autocast (an autocast mode may add +tf32) or "
+                  "bf16 (every parameter cast to bfloat16); default: the official sampler's on a GPU (VAR "
+                  "fp16-autocast+tf32, Infinity bf16-autocast, HART fp16-autocast; parameters stay fp32 under "
+                  "autocast), fp32 on a CPU. Stated in the first lines of the output and in every record")
+
+
+def add_launch_arguments(p: argparse.ArgumentParser, *, processes: bool = True) -> None:
+    """``--accelerator`` (default auto: a CUDA GPU when torch sees one, else the CPU), ``--precision``, the former
+    ``--dtype`` (an alias: float32 = fp32, bfloat16 = bf16), ``--devices`` and, with ``processes``, ``--num-nodes``
+    ``--strategy`` (Lightning's forms, see :func:`check_devices`; without: one process, one device)."""
+    p.add_argument("--accelerator", default="auto", type=accelerator,
+                   help="where generation runs: auto (default: a CUDA GPU when torch sees one, else the CPU), cpu, "
+                        "gpu")
+    if processes:
+        p.add_argument("--devices", type=devices_setting, default=1,
+                       help="processes per node (DDP when > 1), auto, -1 (every GPU) or GPU indices (0,1; 3, is "
+                            "GPU 3); under torchrun / SLURM the launcher's process count (leave it out)")
+    else:
+        p.add_argument("--devices", type=devices_setting, default=1,
+                       help="the GPU of every evaluation (one process each): 1 (default: the first) or an index "
+                            "(3, is GPU 3); local --workers run side by side on it")
+    if processes:
+        p.add_argument("--num-nodes", type=positive_int, default=1,
+                       help="machines (default 1): with --strategy ddp run the same command on every node with "
+                            "MASTER_ADDR, MASTER_PORT and NODE_RANK set; torchrun / SLURM set it themselves")
+        p.add_argument("--strategy", default="auto", type=strategy_name,
+                       help="Lightning strategy: auto (ddp_spawn when devices > 1 on one node, ddp on several "
+                            "nodes or under torchrun / SLURM), ddp (every process runs this command; rank 0 writes "
+                            "the results), ddp_spawn")
+    p.add_argument("--precision", default=None, type=precision_setting, help=PRECISION_HELP)
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="former option, an alias: float32 = --precision fp32, bfloat16 = --precision bf16")
+
+
+def launch_precision(args: argparse.Namespace) -> str | None:
+    """``--precision``, or what the former ``--dtype`` meant; None: the per-family default (decided where the
+    device is known). ``--dtype float16`` and a ``--dtype`` that contradicts ``--precision`` are user errors."""
+    from var_core.engine.precision import precision_from_dtype
+
+    dtype = getattr(args, "dtype", None)
+    precision = getattr(args, "precision", None)
+    if dtype is None:
+        return precision
+    try:
+        meant = precision_from_dtype(dtype)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if precision is not None and precision != meant:
+        raise UserError(f"--dtype {dtype} (= --precision {meant}) contradicts --precision {precision}: give only "
+                        f"--precision")
+    return meant
+
+
+def model_family(model: str | None) -> str:
+    """The zoo family (var, infinity, hart) of a model name; ``var`` for the default model and unknown names."""
+    from var_core.zoo import ZOO
+
+    spec = ZOO.get(str(model or "testbed").removeprefix("random:"))
+    return spec.family if spec is not None else "var"
+
+
+def launch_banner(command: str, accelerator_setting: str, device, precision: str | None, family: str) -> str:
+    """The first line every command prints: the device it runs on (and how ``auto`` decided) and the precision
+    (and why: given, or the family's default on that device)."""
+    import torch
+
+    from var_core.engine.precision import default_precision, parse_precision
+    from var_core.eval.environment import device_name
+
+    device = torch.device(device)
+    where = f"{device} ({device_name(device)})"
+    how = {"auto": "auto: " + ("torch sees a CUDA GPU" if device.type == "cuda" else "no CUDA GPU"),
+           }.get(str(accelerator_setting), "given")
+    if precision is None:
+        precision = default_precision(family, device)
+        why = (f"the official {family} sampler's mode on a GPU" if device.type == "cuda" else "the default on a CPU")
+    else:
+        why = "given"
+    spec = parse_precision(precision)
+    detail = (f"autocast {spec.autocast}".replace("torch.", "") if spec.autocast is not None else "no autocast")
+    return (f"{command}: device {where} [{how}]; precision {spec.name} ({why}; {detail}, float32 matmul "
+            f"{spec.matmul_precision}, parameters {spec.param_dtype})")
+
+
+def device_setting(text: str) -> str:
+    """``--device`` of the single-process commands (bench, latency, gpucheck): ``auto`` (a CUDA GPU when torch sees
+    one, else the CPU: the same decision as ``--accelerator auto``) or a device of :func:`torch_device`."""
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    return torch_device(text)
+
+
+def resolve_device(setting: str | None) -> str:
+    """The device ``--device`` names (``auto``/None: ``cuda`` when torch sees a CUDA GPU, else ``cpu``)."""
+    import torch
+
+    if setting in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(setting)

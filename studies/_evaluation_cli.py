@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from studies._args import add_launch_arguments, launch_precision
 from studies._model_cli import add_model_arguments, model_settings
 
 THREADS_NOTE = ("on a shared CPU use 1: with 2 threads and other processes on the 2 cores, OpenMP spin-waiting "
@@ -30,6 +31,7 @@ def add_evaluation_arguments(p: argparse.ArgumentParser, unit: str, threads_defa
                    help="interleaved timed repeats of (baseline, arm); each batch keeps its minimum time (default 1)")
     p.add_argument("--classifier", default=None, help="testbed classifier weights (default: the shipped file)")
     p.add_argument("--threads", type=int, default=None, help=f"torch threads (default: {threads_default}); {THREADS_NOTE}")
+    add_launch_arguments(p, processes=False)  # --accelerator --devices --precision --dtype (studies._args)
 
 
 def evaluation_settings(args: argparse.Namespace, threads: int | None):
@@ -39,7 +41,21 @@ def evaluation_settings(args: argparse.Namespace, threads: int | None):
     return EvalSettings(model=args.model, weights=args.weights, samples=args.samples, batch_size=args.batch_size,
                         seed=args.seed, warmup=args.warmup, classifier=args.classifier,
                         paired_timing=not args.no_paired_timing, timing_repeats=args.timing_repeats, threads=threads,
+                        accelerator=args.accelerator, devices=args.devices, precision=launch_precision(args),
                         **model_settings(args))
+
+
+def evaluation_banner(command: str, args: argparse.Namespace) -> str:
+    """The first line of ``sweep`` / ``sensitivity``: the device and precision every evaluation runs in (the
+    evaluator's own decision: :func:`var_core.eval.distributed.resolve_launch`, the family's default precision)."""
+    from var_core.eval.distributed import resolve_launch
+
+    from ablations.runner import resolve_model
+    from studies._args import launch_banner, model_family
+
+    launch = resolve_launch(args.accelerator, args.devices, 1, "auto", external=False)
+    model = resolve_model(args.model, args.weights)[0]
+    return launch_banner(command, args.accelerator, launch.device, launch_precision(args), model_family(model))
 
 
 def wandb_mode(choice: str | None) -> str:
@@ -48,6 +64,7 @@ def wandb_mode(choice: str | None) -> str:
     if mode not in ("offline", "online", "disabled"):
         mode = "disabled" if mode in ("dryrun", "off") else "offline"
     return mode
+
 
 # ----- the papers' evaluation protocols (ablate) -----------------------------------------------------------------
 PROTOCOL_SETTINGS = ("fid_reference", "protocol", "more_smooth", "resolution", "aspect", "prompts_rewritten")
@@ -128,4 +145,8 @@ def protocol_settings(args: argparse.Namespace) -> dict:
         given = {k: getattr(args, k) for k in ("samples", "cfg", "top_k", "top_p") if getattr(args, k, None) is not None}
         for key, value in expand_protocol(args.protocol, args.model, given).items():
             setattr(args, key, value)
+    if getattr(args, "resolution", None) is not None or getattr(args, "aspect", None) is not None:
+        from var_core.zoo import size_options
+
+        size_options(args.model or "testbed", args.resolution, args.aspect)  # an impossible size: an error now
     return {name: getattr(args, name) for name in PROTOCOL_SETTINGS if hasattr(args, name)}

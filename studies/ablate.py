@@ -21,9 +21,9 @@ import argparse
 import os
 import sys
 
-from studies._args import (ArgumentParser, accelerator, at_least, check_devices, devices_setting, existing_path,
-                           lightning_interrupts, model_name, non_negative_int, positive_int, preset_name,
-                           results_folder, seed_int, strategy_name, threads_setting)
+from studies._args import (ArgumentParser, add_launch_arguments, at_least, check_devices, existing_path,
+                           launch_banner, launch_precision, lightning_interrupts, model_family, model_name,
+                           non_negative_int, positive_int, preset_name, results_folder, seed_int, threads_setting)
 from studies._cli import note_results_folder, run_cli
 from studies._evaluation_cli import add_protocol_arguments, protocol_settings
 from studies._model_cli import add_model_arguments, model_settings
@@ -54,21 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=seed_int, default=0, help="base seed; sample i uses a hash of (seed, i)")
     parser.add_argument("--out", default=None, type=results_folder,
                         help="results folder (default results/ablate/<family>_<model>_n<N>_seed<S>, plus a part "
-                             "per --set / --prompts / sampling / --dtype / weights setting given); re-use it to "
+                             "per --set / --prompts / sampling / weights setting given, and _<cpu|gpu>_<precision> unless the CPU in fp32); re-use it to "
                              "resume (records of another configuration are moved to <out>/superseded/, never "
                              "deleted)")
-    parser.add_argument("--accelerator", default="cpu", type=accelerator,
-                        help="Lightning accelerator: cpu, gpu, auto (default cpu)")
-    parser.add_argument("--devices", type=devices_setting, default=1,
-                        help="processes per node (DDP when > 1), auto, -1 (every GPU) or GPU indices (0,1; 3, is GPU "
-                             "3); under torchrun / SLURM the launcher's process count (leave it out)")
-    parser.add_argument("--num-nodes", type=positive_int, default=1,
-                        help="machines (default 1): with --strategy ddp run the same command on every node with "
-                             "MASTER_ADDR, MASTER_PORT and NODE_RANK set; torchrun / SLURM set it themselves")
-    parser.add_argument("--strategy", default="auto", type=strategy_name,
-                        help="Lightning strategy: auto (ddp_spawn when devices > 1 on one node, ddp on several "
-                             "nodes or under torchrun / SLURM), ddp (every process runs this command; rank 0 writes "
-                             "the results), ddp_spawn")
+    add_launch_arguments(parser)  # --accelerator (default auto) --devices --num-nodes --strategy --precision --dtype
     parser.add_argument("--wandb", choices=("offline", "online", "disabled"), default=None,
                         help="W&B mirror of the results (default: $WANDB_MODE if set, else offline)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -92,7 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="intra-op threads per process: N, 'torch' (torch's default; DDP on CPU: cores / "
                              "processes) or 'auto' (default: torch's unless the load average shows other jobs on the "
                              "cores, then only the free ones, at least 1; decided once per study)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--classifier", default=None, type=existing_path,
                         help="testbed classifier weights (default: shipped file)")
     parser.add_argument("--inception-weights", default=None, type=existing_path,
@@ -166,7 +154,7 @@ def cmd_family(args) -> int:
         batch_size=args.batch_size, seed=args.seed, out=args.out, accelerator=args.accelerator,
         devices=args.devices, num_nodes=args.num_nodes, strategy=args.strategy, wandb=wandb_mode,
         overrides=tuple(args.overrides),
-        method=args.method, warmup=args.warmup, progress=not args.no_progress, dtype=args.dtype,
+        method=args.method, warmup=args.warmup, progress=not args.no_progress, precision=launch_precision(args),
         arms=tuple(a.strip() for a in args.arms.split(",")) if args.arms else None,
         inception_weights=args.inception_weights, clip_weights=args.clip_weights, classifier=args.classifier,
         image_reward_weights=args.image_reward_weights, hps_weights=args.hps_weights, lpips_backbone=args.lpips_backbone,
@@ -216,6 +204,14 @@ def main(argv=None) -> int:
     protocol_settings(args)  # --protocol sets --samples / sampling first (studies._evaluation_cli)
     check_devices(args.accelerator, args.devices, args.num_nodes, args.strategy, samples=default_samples(args),
                   batch_size=args.batch_size)
+    from var_core.eval.distributed import is_secondary_rank, resolve_launch
+
+    from ablations.runner import resolve_model
+
+    if not is_secondary_rank():  # the device and precision, first (every rank runs the same)
+        launch = resolve_launch(args.accelerator, args.devices, args.num_nodes, args.strategy)
+        print(launch_banner(f"ablate {args.command}", args.accelerator, launch.device, launch_precision(args),
+                            model_family(resolve_model(args.model, args.weights)[0])), flush=True)
     return cmd_family(args)
 
 

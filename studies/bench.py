@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from profilers.benchmarks import ENGINE_SAMPLING, bench_engine, bench_presets, bench_sampling
-from studies._args import ArgumentParser, model_name, positive_int, preset_name, seed_int, torch_device
+from studies._args import (ArgumentParser, device_setting, launch_banner, launch_precision, model_family, model_name,
+                           positive_int, precision_setting, preset_name, resolve_device, seed_int, torch_device)
 from studies._cli import run_cli
 from studies._model_cli import add_model_arguments
 from var_core.engine import SamplingConfig
@@ -40,8 +41,17 @@ def run_bench(args) -> int:
         from profilers.benchmarks import bench_attention_entropy
 
         return bench_attention_entropy(repeats=args.repeats, device=args.device)
+    from var_core.engine.precision import parameter_dtype, study_precision
+
+    device = resolve_device(args.device)
+    precision = launch_precision(args)
+    family = model_family(args.model)
+    # the first line: where it times and in which precision (the table headers repeat it from the loaded model)
+    print(launch_banner(f"bench {args.what}", args.device, device, precision, family), flush=True)
     adapter = load_study_model(args.model, args.weights, vae_weights=args.vae_weights,
-                               text_encoder=args.text_encoder, seed=args.seed)
+                               text_encoder=args.text_encoder, seed=args.seed, dtype=parameter_dtype(precision),
+                               device=device)
+    adapter.precision = study_precision(precision, None, adapter.family, adapter.device)
     default_images = Path("results") / "bench" / f"{args.what}_{str(args.model).replace(':', '-')}"
     images = images_root(args.save_images, default_images)
     if args.what == "engine":
@@ -79,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     ent.add_argument("--device", default="cpu", type=torch_device,
                      help="cpu or cuda (the fused entropy route is CPU-only; CUDA runs "
                      "the chunked pass)")
+    for sub_parser in (eng, pre):
+        sub_parser.add_argument("--device", default="auto", type=device_setting,
+                                help="where to load and time: auto (default: cuda when torch sees a CUDA GPU, else "
+                                     "cpu), cpu, cuda, cuda:N")
+        sub_parser.add_argument("--precision", default=None, type=precision_setting,
+                                help="fp32, tf32, bf16-autocast, fp16-autocast (+tf32) or bf16 (default: the official "
+                                     "sampler's on a GPU, fp32 on a CPU)")
     args = parser.parse_args(argv)
     return run_bench(args)
 

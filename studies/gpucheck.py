@@ -28,7 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-from studies._args import ArgumentParser, model_name, non_negative_int, positive_int, preset_name, results_folder
+from studies._args import (ArgumentParser, device_setting, launch_banner, launch_precision, model_family, model_name,
+                           non_negative_int, positive_int, precision_setting, preset_name, resolve_device,
+                           results_folder)
 from studies._cli import note_results_folder, run_cli
 from var_core.errors import UserError
 
@@ -45,12 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model of the latency report (default random:infinity-2b, 1024 px)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), type=preset_name,
                    help=f"presets to compare (default {' '.join(METHODS)}; baseline is always the reference)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--precision", default=None, type=precision_setting,
+                   help="precision of the latency report (default: the official sampler's: Infinity bf16-autocast, "
+                        "VAR fp16-autocast+tf32, HART fp16-autocast; fp32 on a CPU dry run)")
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                   help="former option, an alias: float32 = --precision fp32, bfloat16 = --precision bf16")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed rounds per method (default 3)")
     p.add_argument("--warmup", type=non_negative_int, default=1, help="discarded generations per method (default 1)")
-    p.add_argument("--device", default="cuda",
-                   help="CUDA device of the latency report (default cuda = cuda:0); cpu: a dry run of this "
-                        "script's steps on the CPU (its numbers are not a GPU check)")
+    p.add_argument("--device", default="auto", type=device_setting,
+                   help="device of the latency report: auto (default: cuda when torch sees a CUDA GPU), cuda, "
+                        "cuda:N; cpu: a dry run of this script's steps on the CPU (its numbers are not a GPU check)")
     p.add_argument("--skip-tests", action="store_true", help="only the latency report")
     p.add_argument("--plots", action="store_true", help="also the latency report's figures (slower)")
     return p
@@ -124,10 +130,15 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
-    dry_run = str(args.device).strip().lower() == "cpu"
-    if not dry_run and not torch.cuda.is_available():
-        raise UserError("the GPU check needs a CUDA GPU (torch.cuda.is_available() is False); on this machine run "
-                        "the CPU test suite instead (python -m pytest), or --device cpu for a dry run of the steps")
+    resolved = resolve_device(args.device)  # auto: the same decision as every command's (CUDA when present)
+    dry_run = torch.device(resolved).type == "cpu"
+    if dry_run and args.device == "auto":
+        raise UserError("the GPU check needs a CUDA GPU (torch.cuda.is_available() is False, so --device auto is the "
+                        "CPU); on this machine run the CPU test suite instead (python -m pytest), or --device cpu "
+                        "for a dry run of the steps")
+    precision = launch_precision(args)
+    from var_core.engine.precision import study_precision
+
     from studies.latency import LatencySettings, run_latency
     from var_core.eval.records import device_name
 
@@ -135,7 +146,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     note_results_folder(out)
-    device = torch.device(args.device)
+    device = torch.device(resolved)
+    print(launch_banner("gpucheck", args.device, device, precision, model_family(args.model)), flush=True)
     env = {"device": str(device), "device_name": device_name(device), "torch": torch.__version__,
            "cuda": torch.version.cuda, "host": platform.node(),
            "timer": "CPU-clock" if dry_run else "CUDA-event"}
@@ -147,10 +159,11 @@ def main(argv=None) -> int:
         tests = run_gpu_tests()
         print(f"    {tests['summary']} ({tests['seconds']:.0f} s)")
     methods = ["baseline"] + [m for m in args.methods if m != "baseline"]
-    print(f"2/2 latency: {args.model}, batch 1, {args.dtype}: {', '.join(methods)} ...")
+    shown = study_precision(precision, None, model_family(args.model), device)
+    print(f"2/2 latency: {args.model}, batch 1, {shown}: {', '.join(methods)} ...")
     settings = LatencySettings(model=args.model, method=methods[1] if len(methods) > 1 else "baseline",
                                compare=tuple(methods), batch_size=1, throughput_batch=0, repeats=args.repeats,
-                               warmup=args.warmup, out=str(out / "latency"), device=str(device), dtype=args.dtype,
+                               warmup=args.warmup, out=str(out / "latency"), device=str(device), precision=precision,
                                plots=args.plots)
     result = run_latency(settings, command="python -m studies.gpucheck " + " ".join(sys.argv[1:] if argv is None
                                                                                       else argv))
@@ -158,7 +171,7 @@ def main(argv=None) -> int:
     rows.sort(key=lambda r: methods.index(r["method"]) if r["method"] in methods else len(methods))
     num_scales, image_size = _resolution(args.model)
     seconds = time.perf_counter() - started
-    text = markdown(env, tests, rows, {"model": args.model, "dtype": args.dtype, "repeats": args.repeats,
+    text = markdown(env, tests, rows, {"model": args.model, "dtype": shown, "repeats": args.repeats,
                                        "warmup": args.warmup, "image_size": image_size,
                                        "num_scales": num_scales}, seconds)
     (out / "gpucheck.md").write_text(text)

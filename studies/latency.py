@@ -32,8 +32,9 @@ import torch
 
 from profilers.latency_report import (PROTOCOL, LatencySettings, arch_flops_summary, default_out_dir, latency_device,
                                       latency_methods, report_latency)
-from studies._args import (ArgumentParser, model_name, non_negative_int, positive_int, preset_name, results_folder,
-                           seed_int, torch_device)
+from studies._args import (PRECISION_HELP, ArgumentParser, device_setting, launch_banner, launch_precision,
+                           model_family, model_name, non_negative_int, positive_int, precision_setting, preset_name,
+                           results_folder, seed_int)
 from studies._cli import run_cli
 from studies._model_cli import add_model_arguments, model_settings
 
@@ -49,10 +50,17 @@ def run_latency(settings: LatencySettings, command: str | None = None, log=print
     try:
         if settings.threads:
             torch.set_num_threads(settings.threads)
+        from var_core.engine.precision import parameter_dtype, study_precision
+
         model, _, notes = resolve_model(settings.model, settings.weights)
+        device = latency_device(settings)  # auto: cuda when torch sees a GPU, else cpu
+        log(launch_banner("latency", settings.device or "auto", device, settings.precision
+                          or (None if settings.dtype == "float32" else launch_precision(settings)),
+                          model_family(model)))
         adapter = load_study_model(model, settings.weights, vae_weights=settings.vae_weights,
-                                   text_encoder=settings.text_encoder, device=latency_device(settings),
-                                   dtype=getattr(torch, settings.dtype), seed=settings.seed)
+                                   text_encoder=settings.text_encoder, device=device,
+                                   dtype=parameter_dtype(settings.precision, settings.dtype), seed=settings.seed)
+        adapter.precision = study_precision(settings.precision, settings.dtype, adapter.family, adapter.device)
         check_breakdown_scale(settings.breakdown_scale, adapter.num_scales, model)
         sampling = resolve_sampling(adapter, model, settings.weights, sampling_overrides(settings))
         images = images_root(settings.save_images, default_out_dir(settings, adapter.model_name))
@@ -101,8 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="also a torch.profiler chrome trace and op table")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--device", default=None, type=torch_device, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default="auto", type=device_setting,
+                   help="auto (default: cuda when torch sees a CUDA GPU, else cpu), cpu, cuda or cuda:N")
+    p.add_argument("--precision", default=None, type=precision_setting, help=PRECISION_HELP)
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="former option, an alias: float32 = --precision fp32, bfloat16 = --precision bf16")
     p.add_argument("--breakdown-scale", type=non_negative_int, default=None,
                    help="scale of the Table-8 breakdown, 0-indexed (default: the last)")
     p.add_argument("--no-plots", action="store_true", help="tables only")
@@ -126,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model, weights=args.weights, method=args.method, compare=tuple(args.compare),
         batch_size=args.batch_size, throughput_batch=args.throughput_batch, repeats=args.repeats,
         warmup=args.warmup, out=args.out, profile=args.profile, seed=args.seed, threads=args.threads,
-        device=args.device, dtype=args.dtype, breakdown_scale=args.breakdown_scale, plots=not args.no_plots,
+        device=args.device, precision=launch_precision(args), breakdown_scale=args.breakdown_scale, plots=not args.no_plots,
         all_breakdowns=args.all_breakdowns, **model_settings(args),
     )
     command = "python -m studies.latency " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from studies._args import ArgumentParser, check_evaluation_args, lightning_interrupts, preset_name, results_folder
 from studies._cli import note_results_folder, run_cli
-from studies._evaluation_cli import add_evaluation_arguments, evaluation_settings, wandb_mode
+from studies._evaluation_cli import add_evaluation_arguments, evaluation_banner, evaluation_settings, wandb_mode
 from var_core.errors import UserError
 
 
@@ -64,6 +64,7 @@ def main(argv=None) -> int:
         raise UserError(f"--values: {exc}") from None
     from ablations.runner import resolve_model
 
+    print(evaluation_banner("sensitivity", args), flush=True)
     model = resolve_model(spec.eval.model, spec.eval.weights)[0]
     note_results_folder(Path(spec.out) if spec.out else default_out_dir(spec, method, model))
     try:

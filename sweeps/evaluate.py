@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from var_core.eval import records as rec
+from var_core.eval.distributed import resolve_launch
 from var_core.eval.lightning import ConditionSet, GenerationRun, run_generation
 from var_core.eval.metrics import MetricContext, compute_arm_metrics
 from var_core.eval.stats import Summary, bootstrap_ci, paired_bootstrap_ratio
@@ -93,7 +94,10 @@ class EvalSettings:
     seed: int = 0
     warmup: int = 1
     classifier: str | None = None
-    dtype: str = "float32"
+    dtype: str = "float32"  # former setting: bfloat16 = precision bf16 when precision is None
+    accelerator: str = "auto"  # auto (a CUDA GPU when torch sees one, else the CPU), cpu, gpu
+    devices: Any = 1  # one process per evaluation: 1 or a GPU index list ([1] = cuda:1)
+    precision: str | None = None  # var_core.engine.precision; None: the family's official mode on a GPU, fp32 on CPU
     threads: int | None = None  # torch intra-op threads of this process (None: leave as is)
     profile: bool = True  # ProfilerProbe: analytic FLOPs (incl. logit lens), component timers, memory
     paired_timing: bool = True  # re-time the baseline right before every arm (shared / loaded machines)
@@ -111,6 +115,26 @@ class EvalSettings:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def settings_precision(settings: EvalSettings, model: str, device) -> str:
+    """The precision an evaluation of ``settings`` runs ``model`` in on ``device``: ``precision``, else the former
+    ``dtype`` (bfloat16 = bf16), else the family's official mode on a GPU and fp32 on a CPU."""
+    from var_core.engine.precision import precision_from_dtype, resolved_precision
+    from var_core.zoo import ZOO
+
+    spec = ZOO.get(str(model).removeprefix("random:"))
+    given = settings.precision or precision_from_dtype(None if settings.dtype == "float32" else settings.dtype)
+    return resolved_precision(given, spec.family if spec else "var", device)
+
+
+def launch_tag(settings: EvalSettings, model: str) -> str:
+    """The part of a default results folder that names the device and precision (empty on a CPU in fp32):
+    :func:`var_core.engine.precision.run_tag`."""
+    from var_core.engine.precision import run_tag
+
+    launch = resolve_launch(settings.accelerator, settings.devices, 1, "auto", external=False)
+    return run_tag(launch.device.type, settings_precision(settings, model, launch.device))
 
 
 class _ReadRecorder:
@@ -143,7 +167,7 @@ def knob_reads(adapter, policy, samples: int = 2, seed: int = 0, sampling=None) 
         part.config = _ReadRecorder(part.config, f"{kind}.", reads)
     built.config = _ReadRecorder(policy, "", reads)
     num_classes = int(getattr(getattr(adapter, "cfg", None), "num_classes", 1) or 1)
-    labels = torch.arange(samples) % num_classes
+    labels = (torch.arange(samples) % num_classes).to(getattr(adapter, "device", "cpu"))
     with torch.inference_mode():
         generate(adapter, labels, seeds=[seed * 1000 + i for i in range(samples)], policy=built,
                  sampling=sampling or SamplingConfig())
@@ -167,9 +191,20 @@ class SweepEvaluator:
         self.log = log
         self.family = family
         self.model, self.weights, self.notes = resolve_model(settings.model, settings.weights)
+        # the same decision as the ablation runner (var_core.eval.distributed): auto = a CUDA GPU when present;
+        # one process per evaluation (sweep workers are separate processes, never ranks of one group)
+        self.launch = resolve_launch(settings.accelerator, settings.devices, 1, "auto", external=False)
+        if self.launch.world_size != 1:
+            raise ValueError(f"a sweep evaluates in one process: --devices {settings.devices} asks for "
+                             f"{self.launch.world_size}; give one GPU index (e.g. --devices 1,) or start --workers")
+        from var_core.engine.precision import parse_precision
+
+        self.precision = settings_precision(settings, self.model, self.launch.device)
+        self.param_dtype = parse_precision(self.precision).param_dtype
         self.adapter = load_study_model(self.model, self.weights, vae_weights=settings.vae_weights,
-                                        text_encoder=settings.text_encoder, dtype=getattr(torch, settings.dtype),
-                                        device="cpu")
+                                        text_encoder=settings.text_encoder, dtype=getattr(torch, self.param_dtype),
+                                        device=self.launch.load_device)
+        self.adapter.precision = self.precision  # generate() runs in it (var_core.engine.precision)
         self.sampling = resolve_sampling(self.adapter, self.model, self.weights, sampling_overrides(settings))
         self.prompt_set = load_prompts(settings.prompts)
         self.conditions: ConditionSet = study_conditions(self.adapter, settings.samples, settings.seed,
@@ -209,20 +244,23 @@ class SweepEvaluator:
                 "samples": {"n": len(self.conditions), "base_seed": self.conditions.base_seed,
                             "hash": self.conditions.content_hash()},
                 "settings": self.settings.to_dict(), "metric_context": self.signature,
+                "device": str(self.launch.device), "precision": self.precision,
                 "threads": torch.get_num_threads()}
 
     def run_config(self, name: str, policy, *, baseline: bool = False, description: str = "") -> rec.RunConfig:
         return rec.RunConfig(arm=name, family=self.family, policy=policy, model=self.model, weights=self.weights,
                              sampling=self.sampling, conditions=self.conditions, batch_size=self.settings.batch_size,
                              warmup=self.settings.warmup, role="baseline" if baseline else "arm",
-                             description=description, plain_loop=baseline, dtype=self.settings.dtype)
+                             description=description, plain_loop=baseline, dtype=self.param_dtype,
+                             accelerator=self.launch.accelerator, devices=self.launch.devices,
+                             precision=self.precision)
 
     def _probes(self) -> list:
         if not self.settings.profile:
             return []
         from ablations.probes import ProfilerProbe
 
-        return [ProfilerProbe(device="cpu")]
+        return [ProfilerProbe(device=self.launch.device)]
 
     # ----- the baseline -----------------------------------------------------------------------------------
     def baseline(self) -> dict:
@@ -303,13 +341,14 @@ class SweepEvaluator:
     def _generate(self, policy) -> GenerationRun:
         return run_generation(self.adapter, self.conditions, policy_config=policy, sampling=self.sampling,
                               batch_size=self.settings.batch_size, warmup=self.settings.warmup,
-                              probes=self._probes(), progress=False)
+                              probes=self._probes(), progress=False, launch=self.launch)
 
     def _record(self, config: rec.RunConfig, run: GenerationRun, metrics, base: dict | None,
                 reference: GenerationRun | None = None) -> dict:
         seed = self.settings.seed
         record = rec.new_record(config)
-        record["environment"] = rec.environment_info(self.adapter, accelerator="cpu", devices=1, strategy="auto",
+        record["environment"] = rec.environment_info(self.adapter, accelerator=self.launch.accelerator,
+                                                     devices=self.launch.devices, strategy=self.launch.strategy,
                                                      processes=run.processes)
         batches = []
         for b in run.batches:

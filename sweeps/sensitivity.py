@@ -141,8 +141,11 @@ def _slug(text: str) -> str:
 
 
 def default_out_dir(spec: SensitivitySpec, method: str, model: str) -> Path:
+    from sweeps.evaluate import launch_tag
+
     return (Path("results") / "sensitivity" /
-            f"{method}_{_slug(spec.param)}_{model.replace(':', '-')}_n{spec.eval.samples}_seed{spec.eval.seed}")
+            f"{method}_{_slug(spec.param)}_{model.replace(':', '-')}_n{spec.eval.samples}_seed{spec.eval.seed}"
+            f"{launch_tag(spec.eval, model)}")  # device and precision (empty on a CPU in fp32)
 
 
 def run_sensitivity(spec: SensitivitySpec, log: Callable[[str], None] = print,

@@ -102,7 +102,7 @@ def test_default_out_dir_names_every_result_changing_setting():
     assert name(vae_weights="/data/vae.pth") != name()
     assert name(samples=8) == "results/ablate/cache_official-tiny_n8_seed1"
     assert name(seed=2) == "results/ablate/cache_official-tiny_n4_seed2"
-    assert len({name(), name(cfg=3.0), name(cfg=4.0), name(dtype="float16"), name(top_k=1)}) == 5
+    assert len({name(), name(cfg=3.0), name(cfg=4.0), name(precision="fp16-autocast"), name(top_k=1)}) == 5
 
 
 def _record_for(config: rec.RunConfig) -> dict:

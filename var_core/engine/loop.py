@@ -18,6 +18,7 @@ from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, Scal
 from .lens_probe import LensProbe
 from .packing import copy_padding_outputs, padding_sources
 from .policy import Policy, ProjectedTokens, TokenSelection, gather_tokens
+from .precision import under_precision
 from .sampling import SamplingConfig
 from .tracing import NULL_TRACER, Tracer
 
@@ -82,6 +83,7 @@ def generation_info(adapter: ModelAdapter, batch_size: int, guidance: GuidanceMo
                           shared_generator)
 
 
+@under_precision  # adapter.precision (--precision): autocast / TF32 around the whole generation
 def generate(
     adapter: ModelAdapter,
     conditions: Any,

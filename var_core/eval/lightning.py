@@ -468,6 +468,9 @@ class _ShardCollector(Callback):
         # the module sets its threads in its own on_predict_start, which Lightning calls after this callback's
         self.environment["threads"] = torch.get_num_threads()
         self.environment["interop_threads"] = torch.get_num_interop_threads()
+        ran = getattr(getattr(pl_module, "adapter", None), "precision_ran", None)
+        if ran:  # --precision as generate() entered it (var_core.engine.precision)
+            self.environment.update(ran)
         self.outputs.append(outputs)
 
     def on_predict_end(self, trainer, pl_module) -> None:
