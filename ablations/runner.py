@@ -413,8 +413,15 @@ def plan_study(options: StudyOptions) -> StudyPlan:
     if sampling_overrides(options):
         from var_core.engine import SamplingConfig
 
+        knobs = sampling_overrides(options)
+        if knobs.pop("more_smooth", None) is not None:  # HART's own sampling field (var_core.eval.reference)
+            from var_core.zoo import ZOO
+
+            if getattr(ZOO.get(model.removeprefix("random:")), "family", None) != "hart":
+                raise UserError(f"--more-smooth / --no-more-smooth is HART's Gumbel smoothing; {model} samples "
+                                f"without it: drop the option")
         try:  # each knob's range is checked on its own: out-of-range values fail before any model is loaded
-            SamplingConfig(**sampling_overrides(options))
+            SamplingConfig(**knobs)
         except ValueError as exc:
             raise UserError(f"sampling: {exc} (check --cfg / --top-k / --top-p / --temperature)") from None
     out_dir = Path(options.out) if options.out else default_out_dir(options, model)

@@ -1023,6 +1023,7 @@ def hart_proxy_adapter(config=None, width: int = 64, seed: int = 0):
     encoder = RandomHARTTextEncoder(out_dim=cfg.context_dim, max_length=cfg.context_token, seed=seed)
     return HARTAdapter(model.eval().requires_grad_(False), tok.eval().requires_grad_(False), encoder)
 
+
 # ----- --resolution / --aspect -------------------------------------------------------------------------------
 #: ``--resolution`` in pixels for Infinity's ``pn`` names (the last scale of each schedule x 16 at h/w = 1).
 INFINITY_RESOLUTION_ALIASES = {"256": "0.06M", "512": "0.25M", "768": "0.60M", "1024": "1M"}
