@@ -21,9 +21,10 @@ import argparse
 import os
 import sys
 
-from studies._args import (ArgumentParser, add_launch_arguments, at_least, check_devices, existing_path,
-                           launch_banner, launch_precision, lightning_interrupts, model_family, model_name,
-                           non_negative_int, positive_int, preset_name, results_folder, seed_int, threads_setting)
+from studies._args import (ArgumentParser, add_config_arguments, add_launch_arguments, at_least, check_devices,
+                           existing_path, format_config, launch_banner, launch_precision, lightning_interrupts,
+                           model_family, model_name, non_negative_int, parse_with_config, positive_int, preset_name,
+                           results_folder, seed_int, threads_setting)
 from studies._cli import note_results_folder, run_cli
 from studies._evaluation_cli import add_protocol_arguments, protocol_settings
 from studies._model_cli import add_model_arguments, model_settings
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-scales", type=positive_int, default=None,
                         help="validate: stop every policy after N scales")
     parser.add_argument("--family", action="append", default=None, help="validate: only these families")
+    add_config_arguments(parser)  # --config FILE --print-config
     return parser
 
 
@@ -180,7 +182,11 @@ def cmd_family(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parse_with_config(parser, argv)  # --config FILE (flags override it)
+    if args.print_config:  # the resolved study as YAML: --config of it runs the same study
+        print(format_config(parser, args), end="")
+        return 0
     if args.command == "ls":
         return cmd_ls(args.topic, args)
     if args.topic is not None:

@@ -43,10 +43,30 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml), with the git commit of a checkout when there is one."""
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        number = metadata.version("varscope")
+    except metadata.PackageNotFoundError:
+        number = "unknown (not installed)"
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{number} (git {commit})" if commit else number
+
+
 def help_text() -> str:
     """What ``varscope``, ``varscope --help`` and ``varscope help`` print."""
     width = max(map(len, COMMANDS))
-    lines = ["usage: varscope COMMAND [ARGS ...]", "",
+    lines = ["usage: varscope COMMAND [ARGS ...]   (varscope --version)", "",
              "Profiling and ablation of training-free acceleration for visual autoregressive (next-scale) image",
              "generators. 'varscope COMMAND --help' (or 'varscope help COMMAND') gives a command's options; each",
              "command is also 'python -m MODULE' (the module is named in its --help).", "", "commands:"]
@@ -64,6 +84,9 @@ def unknown_command(word: str) -> UserError:
 def dispatch(argv: list[str] | None = None) -> int:
     """Run ``argv[0]``'s study with the other words (``help`` / ``-h`` / ``--help`` / nothing: the command list)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("--version", "-V"):
+        print(f"varscope {version()}")
+        return 0
     if not argv or argv[0] in ("-h", "--help", "help"):
         if len(argv) >= 2 and argv[0] == "help":
             return dispatch([argv[1], "--help"])

@@ -20,7 +20,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from studies._args import ArgumentParser, check_evaluation_args, lightning_interrupts, preset_name, results_folder
+from studies._args import (ArgumentParser, add_config_arguments, check_evaluation_args, format_config,
+                           lightning_interrupts, parse_with_config, preset_name, results_folder)
 from studies._cli import note_results_folder, run_cli
 from studies._evaluation_cli import add_evaluation_arguments, evaluation_banner, evaluation_settings, wandb_mode
 from var_core.errors import UserError
@@ -42,11 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, type=results_folder, help="output folder (re-use it to resume)")
     p.add_argument("--wandb", choices=("offline", "online", "disabled"), default=None,
                    help="W&B mirror (default $WANDB_MODE, else offline)")
+    add_config_arguments(p)  # --config FILE --print-config
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parse_with_config(parser, argv)  # --config FILE (flags override it)
+    if args.print_config:  # the resolved study as YAML: --config of it runs the same study
+        print(format_config(parser, args), end="")
+        return 0
     check_evaluation_args(args)
     from sweeps.sensitivity import (DEFAULT_METRICS, SensitivityError, SensitivitySpec, default_out_dir,
                                     resolve_grid, run_sensitivity)

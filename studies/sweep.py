@@ -34,8 +34,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from studies._args import (ArgumentParser, check_evaluation_args, lightning_interrupts, positive_float, positive_int,
-                           preset_name, results_folder)
+from studies._args import (ArgumentParser, add_config_arguments, check_evaluation_args, format_config,
+                           lightning_interrupts, parse_with_config, positive_float, positive_int, preset_name,
+                           results_folder)
 from studies._cli import note_results_folder, run_cli
 from studies._evaluation_cli import add_evaluation_arguments, evaluation_banner, evaluation_settings, wandb_mode
 
@@ -75,11 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-default-trial", action="store_true",
                    help="do not enqueue the preset's own values as the first trial")
     p.add_argument("--list", action="store_true", help="print the method's tunable fields and exit")
+    add_config_arguments(p)  # --config FILE --print-config
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parse_with_config(parser, argv)  # --config FILE (flags override it)
+    if args.print_config:  # the resolved study as YAML: --config of it runs the same study
+        print(format_config(parser, args), end="")
+        return 0
     check_evaluation_args(args)
     from sweeps.optuna_study import SweepError, SweepSpec, default_out_dir, run_sweep
 
