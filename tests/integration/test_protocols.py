@@ -114,3 +114,26 @@ def test_no_more_smooth_is_recorded_on_hart(tmp_path):
                            grid_samples=2, arms=("baseline",), more_smooth=False, out=str(out)), log=lambda s: None)
     base = _records(out)["baseline"]
     assert base["sampling"]["more_smooth"] is False and base["protocol"]["more_smooth"] is False
+
+
+def test_rewritten_prompts_and_resolution_on_infinity_tiny(tmp_path):
+    from ablations.runner import StudyOptions, run_study
+
+    rows = [{"tag": "single_object", "include": [{"class": "cat", "count": 1}], "prompt": "a photo of a cat"},
+            {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}], "prompt": "a red car"}]
+    meta = tmp_path / "evaluation_metadata.jsonl"
+    meta.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rewritten = tmp_path / "rewritten.txt"
+    rewritten.write_text("a detailed photo of a single cat\na shiny red car\n")
+    out = tmp_path / "inf"
+    run_study(StudyOptions(family="method", model="random:infinity-tiny", samples=2, batch_size=2, warmup=0,
+                           progress=False, threads=1, timing_rounds=0, wandb="disabled", plots=False, grid_samples=2,
+                           arms=("baseline",), prompts=str(meta), prompts_rewritten=str(rewritten),
+                           resolution="256", save_images=True, out=str(out)), log=lambda s: None)
+    base = _records(out)["baseline"]
+    assert base["protocol"]["prompts_rewritten"] == str(rewritten)
+    assert base["protocol"]["prompts_rewritten_sha256"] == hashlib.sha256(rewritten.read_bytes()).hexdigest()
+    assert base["model"]["num_scales"] == 7  # pn 0.06M: 7 scales, 16 x 16 tokens last = 256 px
+    assert "a shiny red car" in json.dumps(base["samples"])  # generated from the rewritten text ...
+    lines = [json.loads(p.read_text()) for p in sorted((out / "images" / "baseline" / "geneval").glob("*/metadata.jsonl"))]
+    assert rows[1] in lines and rows[0] in lines  # ... while GenEval's evaluator reads the original rows
