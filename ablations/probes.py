@@ -88,7 +88,8 @@ class ProfilerProbe:
             try:
                 if self._peak is not None:
                     report = self._peak.report()
-                    out["peak_memory_bytes"] = int(report.peak_bytes)
+                    out["peak_memory_bytes"] = int(report.peak_bytes)  # text encoder and VAE decode included
+                    out["reserved_memory_bytes"] = int(report.reserved_bytes)
                     out["memory_source"] = "cuda-measured"
                 else:
                     from profilers.memory import analytic_memory

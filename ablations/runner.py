@@ -470,6 +470,9 @@ def _timing(run: GenerationRun, seed: int) -> dict:
         if peaks:
             out["peak_memory_bytes"] = max(peaks)
             out["memory_source"] = probes[0].get("memory_source")
+        reserved = [p["reserved_memory_bytes"] for p in probes if p.get("reserved_memory_bytes") is not None]
+        if reserved:  # CUDA: torch.cuda.max_memory_reserved over the generation (the caching allocator's hold)
+            out["reserved_memory_bytes"] = max(reserved)
         notes = {p.get("note") for p in probes if p.get("note")}
         if notes:
             out["profiler_note"] = "; ".join(sorted(notes))

@@ -10,14 +10,16 @@ this layer does not import ``ablations``) and writes ``report.md``, ``summary.cs
 Measurement protocol (DESIGN.md "Measure honestly"): ``--warmup`` generations per method and batch size discarded;
 then ``--repeats`` rounds, each running every method once in a seeded shuffled order (machine noise hits all
 methods alike); medians with the interquartile range and min–max over the rounds; speedups are ratios of medians,
-and the per-round paired ratios give their spread. The clock is ``time.perf_counter`` around the whole
-``generate()`` call with ``torch.cuda.synchronize()`` before and after on GPU; inside it a
-:class:`~profilers.timers.ComponentTimer` (CUDA events on GPU, no synchronisation inside the loop; measured
-overhead below 1 %, docs/benchmarks.md) separates **text encoding** (Infinity's ``text_encode`` span) and
-**VQ decode** (``vq_decode``) from the **transformer** (= total − text encoding − VQ decode: the text projections,
+and the per-round paired ratios give their spread. Each round runs every method twice: the latency (``total_ms``)
+is ``time.perf_counter`` around a plain ``generate()`` call with no tracer attached, synchronised on the timed
+device (``torch.cuda.synchronize(device)``) before and after; the breakdown comes from a second, instrumented
+call (``instrumented_total_ms``) in which a :class:`~profilers.timers.ComponentTimer` (CUDA events on GPU, no
+synchronisation inside the loop; measured overhead below 1 %, docs/benchmarks.md) separates **text encoding**
+(Infinity's ``text_encode`` span) and **VQ decode** (``vq_decode``) from the **transformer** (= instrumented total −
+text encoding − VQ decode: the text projections,
 the scale loop, sampling, the latent updates and the policy's own work). FLOPs (analytic, following the kept
 tokens) and memory come from one extra untimed generation per method and batch size with the same seeds: CUDA
-``max_memory_allocated`` per scale on GPU, the analytic estimate of ``profilers.memory`` on CPU (the report says
+``max_memory_allocated`` per scale and over the whole generation (``max_memory_reserved`` too) on GPU, the analytic estimate of ``profilers.memory`` on CPU (the report says
 which).
 """
 
@@ -130,8 +132,10 @@ def _fmt_spread(s: dict, digits: int = 1) -> str:
 
 
 def _sync(device) -> None:
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        torch.cuda.synchronize()
+    """Wait for the TIMED device's queued work (``cuda:1`` is not the current device unless made so)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize(device)
 
 
 def conditions_for(adapter, batch: int, seed: int, prompts=None):
@@ -255,6 +259,20 @@ def _environment(adapter, device, settings: LatencySettings, timer_kind: str, me
 
 
 # ----- measurement --------------------------------------------------------------------------------------------
+def _plain_run(adapter, conditions, seeds, sampling, policy, options, device) -> float:
+    """Milliseconds of one ``generate()`` timed by the wall clock alone (no tracer: no span events, no per-scale
+    hooks), synchronised on the timed device before and after — the latency headline. The breakdown comes from
+    the instrumented run (:func:`_timed_run`) of the same round."""
+    from var_core.engine import generate
+
+    _sync(device)
+    start = time.perf_counter()
+    with torch.inference_mode():  # no autograd bookkeeping in the timed region (issue 27)
+        generate(adapter, conditions, seeds=seeds, sampling=sampling, policy=policy, options=options)
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3
+
+
 def _timed_run(adapter, conditions, seeds, sampling, policy, options, device):
     from profilers.timers import ComponentTimer
     from var_core.engine import generate
@@ -263,7 +281,9 @@ def _timed_run(adapter, conditions, seeds, sampling, policy, options, device):
     with _AdapterTracer(adapter, timer):
         _sync(device)
         start = time.perf_counter()
-        generate(adapter, conditions, seeds=seeds, sampling=sampling, policy=policy, tracer=timer, options=options)
+        with torch.inference_mode():  # as the plain run (issue 27)
+            generate(adapter, conditions, seeds=seeds, sampling=sampling, policy=policy, tracer=timer,
+                     options=options)
         _sync(device)
         wall_ms = (time.perf_counter() - start) * 1e3
     frame = timer.frame()
@@ -338,7 +358,10 @@ def measure(adapter, methods: list[str], batch: int, settings: LatencySettings, 
         order = list(methods)
         rng.shuffle(order)
         for name in order:
+            plain_ms = _plain_run(adapter, conditions, seeds, sampling, policies[name], options, device)
             row, windows, timer = _timed_run(adapter, conditions, seeds, sampling, policies[name], options, device)
+            # total_ms: the uninstrumented run; the breakdown (text / transformer / decode) is the instrumented one's
+            row.update(instrumented_total_ms=row["total_ms"], total_ms=plain_ms)
             row.update(method=name, batch=batch, round=r, position=order.index(name))
             runs[name].repeats.append(row)
             runs[name].scale_ms.append(windows)

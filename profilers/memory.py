@@ -6,7 +6,11 @@ Two sources, never mixed in one column:
   ``torch.cuda.max_memory_allocated`` in ``scale_end`` (no synchronisation: allocator statistics are host-side).
   ``peak_bytes`` is the highest amount of memory held by tensors at any time during the scale (weights, KV
   cache, activations and the allocator's rounding included); ``delta_peak_bytes`` subtracts what was allocated
-  when the scale began. Requires ``torch.cuda.is_available()`` and a CUDA model.
+  when the scale began. The generation-wide peak is kept across those resets (the counter is reset when the
+  tracer is made, folded in before every reset and read again by ``report`` after ``generate`` returned), so
+  ``MemoryReport.peak_bytes`` includes the text encoder before the first scale and the VAE decode after the last;
+  ``reserved_bytes`` is ``torch.cuda.max_memory_reserved`` over the same window (what the caching allocator held).
+  Requires ``torch.cuda.is_available()`` and a CUDA model.
 
 * **Analytic (any device; the only option on CPU)** — :func:`analytic_memory` derives from the generation's
   records, per scale, the bytes of the tensors that dominate memory:
@@ -92,6 +96,10 @@ class MemoryReport:
     # HART: the parts reported separately (transformer / diffusion head / tokenizer weights, the diffusion head's
     # largest live activations after the last scale); empty for the other families
     components: dict = field(default_factory=dict)
+    # CUDA-measured: the whole generation (text encoder, every scale, VAE decode) — allocated and reserved by the
+    # caching allocator; 0 where not measured (analytic reports)
+    overall_peak_bytes: int = 0
+    overall_reserved_bytes: int = 0
 
     def frame(self):
         import pandas as pd
@@ -101,11 +109,18 @@ class MemoryReport:
 
     @property
     def peak_bytes(self) -> int:
-        return max((s.peak_bytes for s in self.scales), default=0)
+        return max(max((s.peak_bytes for s in self.scales), default=0), self.overall_peak_bytes)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Peak memory the CUDA caching allocator held (``max_memory_reserved``; 0 where not measured)."""
+        return self.overall_reserved_bytes
 
     def to_dict(self) -> dict:
         out = {"source": self.source, "weight_bytes": self.weight_bytes, "peak_bytes": self.peak_bytes,
                "scales": [s.__dict__ for s in self.scales]}
+        if self.overall_reserved_bytes:
+            out["reserved_bytes"] = self.overall_reserved_bytes
         if self.components:
             out["components"] = dict(self.components)
         return out
@@ -130,14 +145,29 @@ class PeakMemoryTracer(Tracer):
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._start: dict[int, int] = {}
         self.scales: list[ScaleMemory] = []
+        self.overall_peak_bytes = 0
+        self.overall_reserved_bytes = 0
+        if self.active:  # the generation is measured from here: text encoder, every scale, the VAE decode
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def reset(self) -> None:
         self._start.clear()
         self.scales = []
+        self.overall_peak_bytes = self.overall_reserved_bytes = 0
+        if self.active:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _fold_overall(self) -> None:
+        """Keep the generation-wide peaks before the counters are reset (and at the end): what ran between scales
+        — the text encoder before the first, the VAE decode after the last — counts too."""
+        self.overall_peak_bytes = max(self.overall_peak_bytes, int(torch.cuda.max_memory_allocated(self.device)))
+        self.overall_reserved_bytes = max(self.overall_reserved_bytes,
+                                          int(torch.cuda.max_memory_reserved(self.device)))
 
     def scale_begin(self, scale: int) -> None:
         if not self.active:
             return
+        self._fold_overall()
         torch.cuda.reset_peak_memory_stats(self.device)
         self._start[scale] = torch.cuda.memory_allocated(self.device)
 
@@ -149,7 +179,11 @@ class PeakMemoryTracer(Tracer):
         self.scales.append(ScaleMemory(scale, "cuda-measured", peak_bytes=peak, delta_peak_bytes=peak - start))
 
     def report(self, weights: int = 0) -> MemoryReport:
-        return MemoryReport(list(self.scales), weights, "cuda-measured")
+        """Per-scale peaks plus the whole generation's (call after ``generate`` returned: the decode is in)."""
+        if self.active:
+            self._fold_overall()
+        return MemoryReport(list(self.scales), weights, "cuda-measured", overall_peak_bytes=self.overall_peak_bytes,
+                            overall_reserved_bytes=self.overall_reserved_bytes)
 
 
 def _rows(guidance: GuidanceMode, batch_size: int) -> int:

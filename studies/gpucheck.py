@@ -62,14 +62,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_gpu_tests(log=print) -> dict:
-    """``pytest -m gpu`` on the repository's tests, in a subprocess; its summary line and exit status."""
+TESTS_TIMEOUT_S = 900  # the whole `pytest -m gpu` run (the check's budget is 8 minutes; a hang must not eat it)
+TEST_TIMEOUT_S = 300  # one test (pytest-timeout), so one hung CUDA call fails that test, not the check
+
+
+def run_gpu_tests(log=print, timeout: float = TESTS_TIMEOUT_S) -> dict:
+    """``pytest -m gpu`` on the repository's tests, in a subprocess with a time limit (per test through
+    pytest-timeout, and ``timeout`` seconds for the whole run: then the run is killed and reported as timed out);
+    its summary line and exit status."""
     tests = REPO / "tests"
     if not tests.is_dir():
         return {"returncode": None, "summary": f"not run: no tests folder at {tests}", "seconds": 0.0}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(tests)],
-                          cwd=REPO, capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(tests)]
+    import importlib.util
+
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        cmd[4:4] = [f"--timeout={int(min(TEST_TIMEOUT_S, timeout))}"]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        log(out[-6000:])
+        return {"returncode": "timeout", "summary": f"timed out after {timeout:.0f} s (killed; the output so far is "
+                f"above)", "seconds": time.perf_counter() - start}
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     summary = lines[-1] if lines else proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
     if proc.returncode not in (0, 5):  # 5: no tests collected

@@ -16,7 +16,8 @@ tensor). ToProVAR's entropy ``H_i = −Σ_j α_ij log α_ij`` equals ``log Z_i �
 logits and ``Z_i = Σ_j exp(s_ij)``; both terms come from a blockwise pass that never holds more than one
 ``[queries-chunk × keys-chunk]`` tile per head:
 
-* ``method="fused"`` (CPU default): PyTorch's CPU flash-attention kernel returns ``log Z`` with its output; run with
+* ``method="fused"`` (default on CPU and CUDA): PyTorch's CPU flash-attention kernel, or on CUDA the
+  memory-efficient kernel (float32, additive mask), returns ``log Z`` with its output; run with
   the KEYS as values it returns ``E_α[k]``, and ``E_α[s] = scale · q·E_α[k]`` (specs/methods.md §4.1, "exact,
   simpler PyTorch route"). One extra fused attention call per observed block.
 * ``method="chunked"`` (every device): an online log-sum-exp over key chunks (running max ``m``, ``Z`` and
@@ -90,6 +91,52 @@ def row_groups(query_counts: Sequence[int], key_lengths: Sequence[int]) -> list[
     return out
 
 
+# ------------------------------------------------------------------------------------------------ SDPA kernels
+# torch.nn.attention.SDPBackend values -> the names records use
+SDPA_KERNEL_NAMES = {-1: "none", 0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+_choose_kernel = getattr(torch, "_fused_sdp_choice", None)  # the dispatcher's own choice (tests stand in for it)
+_KERNELS_RUN: dict[str, int] = {}
+
+
+def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                scale: float | None = None) -> str:
+    """``"<device>:<kernel>"`` that ``F.scaled_dot_product_attention`` dispatches to for exactly these inputs under
+    the current backend flags (``torch._fused_sdp_choice``, the function SDPA itself asks): ``flash``,
+    ``efficient``, ``cudnn`` or ``math``. Not the enabled flags: on CUDA an additive mask or float32 inputs rule
+    flash out and the dispatcher says so; on the CPU "flash" is PyTorch's CPU flash kernel."""
+    if _choose_kernel is None:
+        return f"{q.device.type}:unknown"
+    try:
+        choice = int(_choose_kernel(q, k, v, attn_mask, 0.0, False, scale=scale))
+    except Exception:  # noqa: BLE001 - no kernel accepts the inputs: SDPA itself raises on the call
+        return f"{q.device.type}:unknown"
+    return f"{q.device.type}:{SDPA_KERNEL_NAMES.get(choice, str(choice))}"
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+         scale: float | None = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` that counts the kernel each call ran (:func:`sdpa_kernels_run`)."""
+    name = sdpa_kernel(q, k, v, attn_mask, scale)
+    _KERNELS_RUN[name] = _KERNELS_RUN.get(name, 0) + 1
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+
+
+def sdpa_kernels_run(reset: bool = False) -> dict[str, int]:
+    """Calls per kernel (``"cuda:efficient": 1200`` …) of the engine's SDPA calls in this process since the last
+    reset; ``reset`` clears the count after reading it (the runner reads it per arm)."""
+    out = dict(sorted(_KERNELS_RUN.items()))
+    if reset:
+        _KERNELS_RUN.clear()
+    return out
+
+
+def describe_kernels_run(counts: dict[str, int]) -> str:
+    """``"cuda:efficient ×1200, cuda:math ×48"`` (most calls first), or ``"none recorded"``."""
+    if not counts:
+        return "none recorded"
+    return ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def _prefix_counts(valid_Rn: torch.Tensor) -> list[int] | None:
     """Valid query count per row when every row's valid slots form a prefix (padding at the end), else None."""
     counts = valid_Rn.sum(1)
@@ -125,13 +172,13 @@ class CachedAttention:
             counts = [n] * R if self.query_valid_Rn is None else _prefix_counts(self.query_valid_Rn)
         lengths = kv.lengths if kv.lengths is not None else (L,) * R
         if counts is None or (len(set(counts)) == 1 and len(set(lengths)) == 1 and counts[0] == n):
-            out = F.scaled_dot_product_attention(q_RHnd, kv.keys, kv.values, attn_mask=kv.bias, scale=scale)
+            out = sdpa(q_RHnd, kv.keys, kv.values, attn_mask=kv.bias, scale=scale)
             self.pairs = R * n * L
         else:
             out = q_RHnd.new_zeros(R, H, n, kv.values.shape[-1])
             self.pairs = 0
             for rows, n_g, L_g in row_groups(counts, lengths):
-                out[rows, :, :n_g] = F.scaled_dot_product_attention(
+                out[rows, :, :n_g] = sdpa(
                     q_RHnd[rows, :, :n_g], kv.keys[rows, :, :L_g], kv.values[rows, :, :L_g], scale=scale)
                 self.pairs += len(range(R)[rows]) * n_g * L_g
         if kv.on_pairs is not None:
@@ -200,20 +247,42 @@ def entropy_chunked(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.
 
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# CUDA: the memory-efficient kernel takes float32, an additive bias and returns log Z (compute_log_sumexp); the CUDA
+# flash kernel returns it too but takes neither a mask nor float32, so it cannot serve the ragged / fp32 statistics
+_CUDA_EFFICIENT = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
 
 
 def fused_available(q: torch.Tensor) -> bool:
-    """Whether :func:`entropy_fused` can run on ``q``'s device (the CPU flash kernel, which returns ``log Z``)."""
-    return _CPU_FLASH is not None and q.device.type == "cpu"
+    """Whether :func:`entropy_fused` can run on ``q``'s device: a kernel that returns ``log Z`` with its output (the
+    CPU flash kernel; on CUDA the memory-efficient kernel)."""
+    if q.device.type == "cpu":
+        return _CPU_FLASH is not None
+    return q.device.type == "cuda" and _CUDA_EFFICIENT is not None
+
+
+def _attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(softmax(scale·qkᵀ + bias)·v, log Z)`` from one fused kernel call on ``q``'s device (float32 inputs)."""
+    if q.device.type != "cuda":
+        out, lse = _CPU_FLASH(q, k, v, attn_mask=bias, scale=scale)[:2]
+        return out, lse
+    R, H, n, _ = q.shape
+    if bias is not None:
+        L = k.shape[2]
+        pad = (-L) % 16  # the kernel wants the bias rows 16-element aligned; pad, then view the first L keys
+        bias = F.pad(bias.expand(R, H, n, L), (0, pad))[..., :L] if pad else bias.expand(R, H, n, L).contiguous()
+    out, lse = _CUDA_EFFICIENT(q, k, v, bias, True, 0.0, False, scale=scale)[:2]
+    return out, lse[..., :n]  # log Z comes padded to a multiple of 32 queries
 
 
 def entropy_fused(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None,
                   return_lse: bool = False):
     """``[R, H, n]`` attention entropy ``log Z − scale·q·E_α[k]`` from one fused attention call with the keys as
-    values (CPU flash kernel, float32). With ``return_lse`` also ``log Z``."""
+    values (float32: the CPU flash kernel, or the CUDA memory-efficient kernel). With ``return_lse`` also
+    ``log Z``."""
     q32, k32 = q.float(), k.float()
     b = None if bias is None else bias.float()
-    mean_key, lse = _CPU_FLASH(q32, k32, k32, attn_mask=b, scale=scale)
+    mean_key, lse = _attention_with_lse(q32, k32, k32, b, scale)
     entropy = lse - scale * torch.linalg.vecdot(q32, mean_key)
     return (entropy, lse) if return_lse else entropy
 

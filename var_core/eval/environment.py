@@ -49,6 +49,12 @@ def sdpa_backend(device: torch.device | str) -> str:
         text += f" (CUDA kernels enabled: {', '.join(flags)})"
     else:
         text += " (CPU kernel)"
+    # what ran, call by call, as the dispatcher chose for the actual inputs (an additive mask or float32 rules out
+    # CUDA flash): var_core.engine.attention.sdpa counts it; the enabled flags above are only what was allowed
+    from ..engine.attention import describe_kernels_run, sdpa_kernels_run
+
+    ran = {k: v for k, v in sdpa_kernels_run().items() if k.split(":", 1)[0] == device.type}
+    text += f"; kernels that ran in this process: {describe_kernels_run(ran)}"
     return text + "; eager softmax(QK^T) on blocks whose attention a policy observes"
 
 
