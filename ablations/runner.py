@@ -37,6 +37,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ from .base import Arm, FamilyContext, build_arms
 from .overrides import apply_overrides, check_overrides_on_model, parse_overrides
 from .loadwatch import LoadProbe, load_summary
 from .probes import ProfilerProbe
+from .results_folder import close_spool, open_spool
 
 __all__ = ["StudyOptions", "StudyPlan", "StudyResult", "plan_study", "run_study", "resolve_model",
            "resolve_sampling", "sampling_overrides", "load_study_model", "load_prompts", "study_conditions",
@@ -607,7 +609,7 @@ def _refresh_metrics(out_dir: Path, found: dict, metric_ctx: MetricContext, sign
             _quarantine(pt, exc.reason, f"recompute arm {found['arm']!r}", log)
             return None
     reference = run if is_base else base_run
-    metrics = compute_arm_metrics(run.images, reference.images, run.labels, run.tokens, reference.tokens,
+    metrics = compute_arm_metrics(run.images_u8, reference.images_u8, run.labels, run.tokens, reference.tokens,
                                   metric_ctx, is_baseline=is_base)
     record = json.loads(json.dumps(found))  # deep copy
     per_sample = dict(metrics.per_sample)
@@ -1008,11 +1010,16 @@ def _follow_study(options: StudyOptions, plan: StudyPlan, launch: Launch, channe
             break
         if kind != "generate":
             raise RuntimeError(f"rank 0 stopped ({kind}); see its output. Rank {launch.rank} stops too")
-        run_generation(adapter, message["conditions"], policy_config=message["policy"], sampling=message["sampling"],
-                       batch_size=message["batch_size"], warmup=message["warmup"],
-                       warmup_batch_size=message.get("warmup_batch_size"),
-                       probes=[ProfilerProbe(device=launch.device)] if message["profile"] else [],
-                       threads=message["threads"], progress=False, launch=launch)
+        spool = tempfile.mkdtemp(prefix="varscope-spool-")  # this rank's batches; rank 0 receives them at the end
+        try:
+            run_generation(adapter, message["conditions"], policy_config=message["policy"],
+                           sampling=message["sampling"], batch_size=message["batch_size"], warmup=message["warmup"],
+                           warmup_batch_size=message.get("warmup_batch_size"),
+                           probes=[ProfilerProbe(device=launch.device)] if message["profile"] else [],
+                           threads=message["threads"], progress=False, launch=launch, spool=spool,
+                           skip_first=message.get("skip_first") or [])
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
         joined += 1
     log(f"rank {launch.rank}: joined {joined} generation(s) of rank 0, which writes the results in {plan.out_dir}")
     return StudyResult(plan.out_dir, [], [], [], [], {}, time.perf_counter() - started)
@@ -1169,21 +1176,23 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             continue
         log(f"[{position}/{total}] {arm.name}: {arm.description}")
         t0 = time.perf_counter()
+        # batches reach arms/<slug>.partial/ as they finish; a killed run resumes at the next unfinished one
+        spool, skip = open_spool(out_dir, arm.name, config.key(), -(-len(conditions) // options.batch_size), log)
         if channel is not None:  # the other ranks join this generation
             channel.send({"kind": "generate", "arm": arm.name, "policy": None if is_base else arm.config,
                           "sampling": sampling, "conditions": conditions, "batch_size": options.batch_size,
                           "warmup": options.warmup, "warmup_batch_size": warm_batch, "threads": threads,
-                          "profile": bool(options.profile)})
+                          "profile": bool(options.profile), "skip_first": skip})
         run = run_generation(adapter, conditions, policy_config=None if is_base else arm.config,
                              sampling=sampling, batch_size=options.batch_size, warmup=options.warmup,
                              warmup_batch_size=warm_batch,
-                             launch=launch, probes=probes, threads=threads,
+                             launch=launch, probes=probes, threads=threads, spool=spool, skip_first=skip,
                              progress=f"[{position}/{total}] {arm.name}" if options.progress else False)
         warm_batch = 1
         if is_base:
             base_run = run
         assert base_run is not None, "the baseline runs first"
-        metrics = compute_arm_metrics(run.images, base_run.images, run.labels, run.tokens, base_run.tokens,
+        metrics = compute_arm_metrics(run.images_u8, base_run.images_u8, run.labels, run.tokens, base_run.tokens,
                                       metric_ctx, is_baseline=is_base)
         record = _arm_record(config, arm, run, metrics, adapter, plan, None if is_base else base_record,
                              signature)
@@ -1207,6 +1216,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
                        "reused"), log, image_root)
         rec.write_atomic(pt_path, run.save, root=out_dir)
         rec.write_json_atomic(json_path, record, root=out_dir)
+        close_spool(out_dir, arm.name)  # the arm's tensors and record are written: its batches are done
         if is_base:
             base_record = record
         _save_grid(out_dir, arm.name, run, base_run, options.grid_samples)

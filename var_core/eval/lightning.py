@@ -208,19 +208,26 @@ class GenerationDataModule(pl.LightningDataModule):
     """Serves a :class:`ConditionSet` for ``Trainer.predict``; shards whole batches itself (set the Trainer's
     ``use_distributed_sampler=False``, as :func:`run_generation` does)."""
 
-    def __init__(self, conditions: ConditionSet, batch_size: int):
+    def __init__(self, conditions: ConditionSet, batch_size: int, skip_first: Sequence[int] = ()):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         self.conditions = conditions
         self.batch_size = int(batch_size)
+        self.skip_first = frozenset(int(i) for i in skip_first)  # first indices of batches already on disk
 
     def predict_dataloader(self) -> DataLoader:
         rank, world = 0, 1
         if self.trainer is not None:
             rank, world = self.trainer.global_rank, self.trainer.world_size
         dataset = ConditionDataset(self.conditions)
-        subset = Subset(dataset, shard_indices(len(dataset), self.batch_size, rank, world))
+        if self.skip_first:  # resuming: the remaining whole batches (same cut, same neighbours), dealt round-robin
+            starts = [s for s in range(0, len(dataset), self.batch_size) if s not in self.skip_first]
+            mine = [i for b, s in enumerate(starts) if b % world == rank
+                    for i in range(s, min(s + self.batch_size, len(dataset)))]
+        else:
+            mine = shard_indices(len(dataset), self.batch_size, rank, world)
+        subset = Subset(dataset, mine)
         return DataLoader(subset, batch_size=self.batch_size, shuffle=False, num_workers=0)
 
 
@@ -456,9 +463,11 @@ class _ShardCollector(Callback):
     """Keeps this process's per-batch outputs; at the end they reach global rank 0 (``gather_object`` when there
     are several processes), which writes one ``<folder>/rank<r>.pt`` per process."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, spool: str | Path | None = None):
         self.folder = folder
+        self.spool = None if spool is None else Path(spool)  # batches go to disk as they finish (issue 26)
         self.outputs: list[dict] = []
+        self.spooled: list[str] = []
 
     def on_predict_start(self, trainer, pl_module) -> None:
         self.outputs = []
@@ -471,9 +480,17 @@ class _ShardCollector(Callback):
         ran = getattr(getattr(pl_module, "adapter", None), "precision_ran", None)
         if ran:  # --precision as generate() entered it (var_core.engine.precision)
             self.environment.update(ran)
+        if self.spool is not None:  # memory O(batch): the batch is on disk, nothing of it is kept here
+            from .store import write_batch
+
+            self.spooled.append(write_batch(self.spool, outputs, self.environment).name[:-len(".json")])
+            return
         self.outputs.append(outputs)
 
     def on_predict_end(self, trainer, pl_module) -> None:
+        if self.spool is not None:
+            self._gather_spool(trainer)
+            return
         # plain containers, numbers, strings and tensors only: the caller reads it back with weights_only=True
         shard = _plain({"environment": self.environment, "outputs": self.outputs})
         shards = [shard]
@@ -492,6 +509,42 @@ class _ShardCollector(Callback):
             tmp = path.with_suffix(".tmp")
             torch.save(one, tmp)
             os.replace(tmp, path)
+
+
+    def _gather_spool(self, trainer) -> None:
+        """Every rank wrote its batches into its spool folder as they finished; rank 0 receives the other ranks'
+        batches one at a time (a folder is not shared between nodes), so it never holds more than one batch per
+        process. Rank 0 then writes the processes' environments as ``<folder>/environment.json``."""
+        from .store import read_batch, write_batch
+
+        environments = [self.environment]
+        if trainer.world_size > 1:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                raise RuntimeError(f"{trainer.world_size} processes but no process group to gather results")
+            rank0 = trainer.global_rank == 0
+            counts = [None] * trainer.world_size
+            dist.all_gather_object(counts, (self.environment, len(self.spooled)))
+            environments = [c[0] for c in counts]
+            for k in range(max(c[1] for c in counts)):
+                mine = read_batch(self.spool, self.spooled[k]) if k < len(self.spooled) and not rank0 else None
+                got = [None] * trainer.world_size if rank0 else None
+                dist.gather_object(_plain(mine), got, dst=0)
+                if rank0:
+                    for one in got:
+                        if one is not None and not (self.spool / f"{batch_name_of(one)}.json").exists():
+                            write_batch(self.spool, one, one.get("environment"))
+            if not rank0:
+                return
+        path = Path(self.folder) / "environment.json"
+        path.write_text(json.dumps(_jsonable(environments)))
+
+
+def batch_name_of(out: dict) -> str:
+    from .store import batch_name
+
+    return batch_name(int(out["indices"][0]))
 
 
 class _NamedProgressBar(TQDMProgressBar):
@@ -589,6 +642,7 @@ class GenerationRun:
     processes: list[dict]  # per process: rank, device, threads
     wall_seconds: float = 0.0  # the whole Trainer.predict call (incl. start-up and warm-up)
     warmup_batch_size: int = 0  # samples per discarded warm-up generation in each process
+    resumed_batches: int = 0  # batches read back from a spool a killed run left (not generated by this call)
 
     @property
     def images(self) -> torch.Tensor | None:
@@ -733,8 +787,9 @@ def load_shard(path: str | Path) -> dict:
     return shard
 
 
-def _merge(shards: list[dict]) -> GenerationRun:
-    outputs = [o for shard in shards for o in shard["outputs"]]
+def _merge(shards: list[dict], outputs=None) -> GenerationRun:
+    if outputs is None:
+        outputs = [o for shard in shards for o in shard["outputs"]]
     samples: dict[int, tuple] = {}
     batches = []
     for out in outputs:
@@ -770,7 +825,8 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
                    num_nodes: int = 1, probes: Sequence[Any] = (), callbacks: Sequence[Callback] = (),
                    progress: bool | str = True, options: GenerationOptions | None = None, keep_tokens: bool = True,
                    threads: int | None = None, tracer_factory: Callable[[], Tracer] | None = None,
-                   launch: Launch | None = None) -> GenerationRun | None:
+                   launch: Launch | None = None, spool: str | Path | None = None,
+                   skip_first: Sequence[int] | None = None) -> GenerationRun | None:
     """Generate every condition with one policy through ``Trainer.predict`` and return the merged samples.
 
     ``accelerator`` / ``devices`` / ``num_nodes`` / ``strategy``: see :mod:`var_core.eval.distributed` (or pass the
@@ -786,6 +842,10 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
     ``threads``: intra-op threads set in every process (``None``: leave them; Lightning gives each DDP process on
     the CPU ``cores / processes``). CPU kernels round differently with different thread counts (images differ in
     the 1e-5 range), so records are bit-identical across process counts only at equal thread counts.
+    ``spool``: a folder (:mod:`var_core.eval.store`) each finished batch is written to as it finishes, so the
+    processes hold one batch at a time; the batches already finished there (a killed run) are not generated
+    again. The returned run is read back from it. ``skip_first``: the first sample indices of the batches to
+    leave out (default: those finished in ``spool``); every process of a launch must pass the same.
     """
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
@@ -800,9 +860,16 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
     previous_threads = torch.get_num_threads()
     if tracer_factory is not None:
         module.probes.append(TracerProbe(tracer_factory))
-    data = GenerationDataModule(conditions, batch_size)
+    done: list[str] = []
+    if spool is not None:
+        from .store import finished_batches, first_index
+
+        done = finished_batches(spool)
+    skip = [first_index(n) for n in done] if skip_first is None else [int(i) for i in skip_first]
+    data = GenerationDataModule(conditions, batch_size, skip_first=skip)
     folder = tempfile.mkdtemp(prefix="varscope-predict-")
-    collector = _ShardCollector(folder)
+    collector = _ShardCollector(folder, spool=spool)
+    remaining = len(set(range(0, len(conditions), batch_size)) - set(skip))
     all_callbacks: list[Callback] = [collector, *callbacks]
     reporter = progress_callback(progress if isinstance(progress, str) else "generating") if progress else None
     if reporter is not None:
@@ -814,20 +881,34 @@ def run_generation(adapter, conditions: ConditionSet, *, policy_config=None, pol
                              enable_progress_bar=isinstance(reporter, TQDMProgressBar), use_distributed_sampler=False,
                              inference_mode=True, callbacks=all_callbacks)
         start = time.perf_counter()
-        with warnings.catch_warnings():
-            _quiet_lightning()
-            trainer.predict(module, datamodule=data, return_predictions=False)
+        if remaining > 0 or spool is None:
+            with warnings.catch_warnings():
+                _quiet_lightning()
+                trainer.predict(module, datamodule=data, return_predictions=False)
         wall = time.perf_counter() - start
         if launch.mode == "ranks" and not launch.is_rank_zero:
             return None  # this rank's results went to rank 0
-        shards = [load_shard(p) for p in sorted(Path(folder).glob("rank*.pt"))]
-        world = trainer.world_size
-        if len(shards) != world:
-            raise RuntimeError(f"expected {world} result shards from the processes, found {len(shards)} in {folder}")
+        if spool is not None:
+            env_path = Path(folder) / "environment.json"
+            environments = json.loads(env_path.read_text()) if env_path.is_file() else []
+        else:
+            shards = [load_shard(p) for p in sorted(Path(folder).glob("rank*.pt"))]
+            world = trainer.world_size
+            if len(shards) != world:
+                raise RuntimeError(f"expected {world} result shards from the processes, found {len(shards)} in "
+                                   f"{folder}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         torch.set_num_threads(previous_threads)
-    run = _merge(shards)
+    if spool is not None:
+        from .store import finished_batches, read_batch
+
+        # one batch at a time into the merged run (the shards' per-batch outputs are never all held twice)
+        run = _merge([{"environment": env, "outputs": []} for env in environments],
+                     outputs=(read_batch(spool, name) for name in finished_batches(spool)))
+        run.resumed_batches = len(skip)
+    else:
+        run = _merge(shards)
     missing = set(range(len(conditions))) - set(run.indices)
     if missing:
         raise RuntimeError(f"{len(missing)} samples were not generated (e.g. {sorted(missing)[:5]})")

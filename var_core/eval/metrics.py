@@ -79,6 +79,32 @@ def _no_process_group() -> bool:
 #: that never join it (issue 25: every multi-process testbed study hung).
 LOCAL_METRIC = dict(sync_on_compute=False, dist_sync_on_step=False, distributed_available_fn=_no_process_group)
 
+METRIC_CHUNK = 64  # images per forward pass of a metric network: memory O(chunk), not O(samples) (issue 26)
+
+
+def _chunks(images: torch.Tensor, size: int = METRIC_CHUNK):
+    """``images`` (uint8 or [0, 1] floats) as 8-bit-quantised float chunks of ``size``: only one chunk is ever a
+    float copy (a whole set's float copy was 4x its uint8 size, 12 MB per 1024-px image)."""
+    for i in range(0, images.shape[0], size):
+        yield quantize01(images[i:i + size])
+
+
+def _features(images: torch.Tensor, extractor) -> torch.Tensor:
+    """``extractor`` applied chunk by chunk (its activations never hold the whole set at once)."""
+    out = [extractor(chunk).detach().cpu() for chunk in _chunks(images)]
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+class _Given(torch.nn.Module):
+    """An identity 'feature extractor' so torchmetrics' FID / KID / IS run on features computed chunk by chunk."""
+
+    def __init__(self, num_features: int):
+        super().__init__()
+        self.num_features = int(num_features)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features
+
 
 # ----- fidelity to the baseline ----------------------------------------------------------------------------
 def ms_ssim_settings(height: int, width: int) -> tuple[dict | None, str]:
@@ -101,6 +127,10 @@ def fidelity_per_sample(arm_B3HW: torch.Tensor, base_B3HW: torch.Tensor) -> tupl
 
     if arm_B3HW.shape != base_B3HW.shape:
         raise ValueError(f"image shapes differ: {tuple(arm_B3HW.shape)} vs {tuple(base_B3HW.shape)}")
+    if arm_B3HW.shape[0] > METRIC_CHUNK:  # per-sample values: chunk by chunk, memory O(chunk)
+        parts = [fidelity_per_sample(arm_B3HW[i:i + METRIC_CHUNK], base_B3HW[i:i + METRIC_CHUNK])
+                 for i in range(0, arm_B3HW.shape[0], METRIC_CHUNK)]
+        return {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}, parts[0][1]
     a, b = quantize01(arm_B3HW), quantize01(base_B3HW)
     H, W = a.shape[-2:]
     mse = (a - b).pow(2).flatten(1).mean(1)
@@ -217,11 +247,15 @@ def classify(images_B3HW: torch.Tensor, labels_B: torch.Tensor, classifier, batc
              ) -> tuple[np.ndarray, np.ndarray]:
     """Per sample: ``correct`` (1.0 / 0.0: top-1 class equals the label) and ``prob`` (softmax probability the
     classifier gives the label — a continuous class-fidelity score for paired tests)."""
-    x = quantize01(images_B3HW) * 2 - 1
     size = classifier.image_size
-    if tuple(x.shape[-2:]) != (size, size):
-        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
-    logits = torch.cat([classifier(x[i:i + batch_size].float()) for i in range(0, x.shape[0], batch_size)])
+
+    def logits_of(chunk):
+        x = chunk * 2 - 1
+        if tuple(x.shape[-2:]) != (size, size):
+            x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+        return classifier(x.float())
+
+    logits = torch.cat([logits_of(chunk) for chunk in _chunks(images_B3HW, min(batch_size, METRIC_CHUNK))])
     labels = labels_B.cpu().long()
     correct = (logits.argmax(1).cpu() == labels).double().numpy()
     prob = logits.float().softmax(1).cpu().gather(1, labels.view(-1, 1)).view(-1).double().numpy()
@@ -362,29 +396,31 @@ def fid_kid(arm_images: torch.Tensor, ref_images: torch.Tensor, feature_extracto
     from torchmetrics.image.fid import FrechetInceptionDistance
     from torchmetrics.image.kid import KernelInceptionDistance
 
-    a, r = quantize01(arm_images), quantize01(ref_images)
-    n = a.shape[0]
-    if n < 2 or r.shape[0] < 2:
+    n = arm_images.shape[0]
+    if n < 2 or ref_images.shape[0] < 2:
         return {}
     out: dict[str, dict] = {}
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchmetrics' feature-buffer notices
         torch.manual_seed(seed)
-        fid = FrechetInceptionDistance(feature=feature_extractor, normalize=True, reset_real_features=True,
-                                       **LOCAL_METRIC)
-        fid.update(r, real=True)
-        fid.update(a, real=False)
+        # features chunk by chunk (memory O(chunk)); torchmetrics then reads them through an identity module
+        fa, fr = _features(arm_images, feature_extractor), _features(ref_images, feature_extractor)
+        given = _Given(fa.shape[1])
+        fid = FrechetInceptionDistance(feature=given, normalize=False, reset_real_features=True, **LOCAL_METRIC)
+        fid.update(fr, real=True)
+        fid.update(fa, real=False)
         fid_value = float(fid.compute())
-        feat_a = feature_extractor(a).double().numpy()
-        feat_r = feature_extractor(r).double().numpy()
+        feat_a = fa.double().numpy()
+        feat_r = fr.double().numpy()
+        r = fr
         lo, hi = fid_bootstrap(feat_a, feat_r, paired=paired, n_resamples=n_resamples, seed=seed)
         out[f"fid{suffix}"] = dict(mean=fid_value, low=min(lo, fid_value), high=max(hi, fid_value), n=n, level=0.95,
                                    method="bootstrap percentile, bias-shifted")
         subset = max(2, min(50, n, r.shape[0]))
-        kid = KernelInceptionDistance(feature=feature_extractor, subsets=50, subset_size=subset, normalize=True,
+        kid = KernelInceptionDistance(feature=given, subsets=50, subset_size=subset, normalize=False,
                                       **LOCAL_METRIC)
-        kid.update(r, real=True)
-        kid.update(a, real=False)
+        kid.update(fr, real=True)
+        kid.update(fa, real=False)
         kid_mean = float(kid.compute()[0])
         lo, hi, how = kid_bootstrap(feat_a, feat_r, paired=paired, n_resamples=n_resamples, seed=seed)
         if math.isfinite(lo) and math.isfinite(hi):
@@ -406,15 +442,15 @@ def inception_score_proxy(images: torch.Tensor, logits_extractor, *, seed: int =
     """Inception Score (torchmetrics, one split) with the classifier's logits; bootstrap interval over samples."""
     from torchmetrics.image.inception import InceptionScore
 
-    a = quantize01(images)
-    n = a.shape[0]
+    n = images.shape[0]
+    logits = _features(images, logits_extractor)  # chunk by chunk: memory O(chunk)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # feature-buffer notice; std over one split
         torch.manual_seed(seed)
-        metric = InceptionScore(feature=logits_extractor, splits=1, normalize=True, **LOCAL_METRIC)
-        metric.update(a)
+        metric = InceptionScore(feature=_Given(logits.shape[1]), splits=1, normalize=False, **LOCAL_METRIC)
+        metric.update(logits)
         value = float(metric.compute()[0])
-    probs = logits_extractor(a).double().softmax(-1).numpy()
+    probs = logits.double().softmax(-1).numpy()
     rng = np.random.default_rng(seed)
     boot = []
     for _ in range(n_resamples):
@@ -485,14 +521,17 @@ def standard_set_metrics(arm_images: torch.Tensor, base_images: torch.Tensor | N
     def features(images):
         import hashlib
 
-        data = quantize01(images).contiguous()
-        key = (hashlib.blake2b(data.numpy().tobytes(), digest_size=16).hexdigest(), tuple(data.shape), protocol,
+        digest = hashlib.blake2b(digest_size=16)
+        for chunk in _chunks(images):  # memory O(chunk): never a float copy of the whole set
+            digest.update(chunk.contiguous().numpy().tobytes())
+        key = (digest.hexdigest(), tuple(images.shape), protocol,
                str(Path(ctx.inception_weights).expanduser().resolve()))
         cache = ctx._inception_cache
         if key not in cache:
             if len(cache) >= 8:
                 cache.pop(next(iter(cache)))
-            cache[key] = extractor.features(data, names)
+            parts = [extractor.features(chunk.contiguous(), names) for chunk in _chunks(images)]
+            cache[key] = {n: torch.cat([p[n] for p in parts]) for n in names}
         return cache[key]
 
     out: dict[str, dict] = {}
@@ -553,8 +592,8 @@ def lpips_distance(arm: torch.Tensor, base: torch.Tensor, net: str = "alex", wei
         if "unknown LPIPS backbone" in str(exc):
             raise
         raise MetricUnavailable(f"LPIPS unavailable: {exc}") from None
-    a, b = quantize01(arm) * 2 - 1, quantize01(base) * 2 - 1
-    out = [model(a[i:i + batch_size], b[i:i + batch_size]) for i in range(0, a.shape[0], batch_size)]
+    out = [model(quantize01(arm[i:i + batch_size]) * 2 - 1, quantize01(base[i:i + batch_size]) * 2 - 1)
+           for i in range(0, arm.shape[0], batch_size)]
     return torch.cat(out).double().numpy() if out else np.zeros(0)
 
 
@@ -653,9 +692,14 @@ class MetricContext:
 
                 ctx.class_names = CLASS_NAMES
                 if real_count:
-                    imgs = [torch.from_numpy(generate_image("heldout", i, 0, classifier.image_size)[0])
-                            .permute(2, 0, 1) for i in range(real_count)]
-                    ctx.real_images = torch.stack(imgs)
+                    # uint8 (what every metric reads after quantize01), filled one image at a time: 12 KB per
+                    # 64-px image instead of a list of float copies and their stack
+                    size = classifier.image_size
+                    real = torch.empty(real_count, 3, size, size, dtype=torch.uint8)
+                    for i in range(real_count):
+                        img = torch.from_numpy(generate_image("heldout", i, 0, size)[0]).permute(2, 0, 1)
+                        real[i] = img.clamp(0, 1).mul(255).round().to(torch.uint8)
+                    ctx.real_images = real
             except Exception as exc:  # noqa: BLE001
                 ctx.real_reason = f"testbed held-out images unavailable ({exc})"
         else:
@@ -725,7 +769,8 @@ def compute_arm_metrics(arm_images: torch.Tensor, base_images: torch.Tensor, lab
         for name in ("fid_inception", "kid_inception", "is_inception"):
             out.unavailable[name] = str(exc)
     if ctx.fid_reference is not None:  # the papers' FID against reference statistics, the baseline's included
-        values, unavailable = ctx.fid_reference.arm_metrics(arm_images, labels)
+        # TODO(issue 26): features chunk by chunk here too; a float copy of the set only with --fid-reference
+        values, unavailable = ctx.fid_reference.arm_metrics(quantize01(arm_images), labels)
         out.set_level.update(values)
         out.unavailable.update(unavailable)
     lpips_name = f"lpips_{ctx.lpips_net}"
@@ -742,7 +787,17 @@ def compute_arm_metrics(arm_images: torch.Tensor, base_images: torch.Tensor, lab
             out.unavailable[lpips_name] = str(exc)
     from .metric_registry import metrics_info, prompt_metrics
 
-    values, unavailable = prompt_metrics(arm_images, labels, ctx)  # CLIP score, ImageReward, HPSv2.1 per sample
+    values, unavailable = {}, {}  # CLIP score, ImageReward, HPSv2.1 per sample, chunk by chunk
+    n = arm_images.shape[0]
+    per_sample_prompts = ctx.prompts is not None and len(ctx.prompts) == n
+    for i in range(0, n, METRIC_CHUNK):
+        part_ctx = dataclasses.replace(ctx, prompts=tuple(ctx.prompts[i:i + METRIC_CHUNK])) \
+            if per_sample_prompts and n > METRIC_CHUNK else ctx  # the caches (loaded scorers) stay shared
+        part, unavailable = prompt_metrics(quantize01(arm_images[i:i + METRIC_CHUNK]), labels[i:i + METRIC_CHUNK],
+                                           part_ctx)
+        for k, v in part.items():
+            values.setdefault(k, []).append(np.asarray(v, dtype=float))
+    values = {k: np.concatenate(v) for k, v in values.items()}
     out.per_sample.update({k: _as_list(v) for k, v in values.items()})
     out.unavailable.update(unavailable)
     out.info = metrics_info(ctx, out.unavailable, list(out.per_sample) + list(out.set_level))
