@@ -405,7 +405,8 @@ def plan_study(options: StudyOptions) -> StudyPlan:
         arms = [a for a in arms if a.role == "baseline" or a.name in wanted]
     model, weights, notes = resolve_model(options.model, options.weights)
     if options.prompts is not None:
-        load_prompts(options.prompts, options.prompts_rewritten)  # a bad prompt file fails here, before any model is loaded
+        # a bad prompt file fails here, before any model is loaded
+        load_prompts(options.prompts, options.prompts_rewritten)
         from var_core.zoo import ZOO
 
         if getattr(ZOO.get(model.removeprefix("random:")), "family", None) not in TEXT_TO_IMAGE_FAMILIES:

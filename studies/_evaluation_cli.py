@@ -142,7 +142,8 @@ def protocol_settings(args: argparse.Namespace) -> dict:
     if getattr(args, "protocol", None):
         from var_core.eval.reference import expand_protocol
 
-        given = {k: getattr(args, k) for k in ("samples", "cfg", "top_k", "top_p") if getattr(args, k, None) is not None}
+        given = {k: getattr(args, k) for k in ("samples", "cfg", "top_k", "top_p")
+                 if getattr(args, k, None) is not None}
         for key, value in expand_protocol(args.protocol, args.model, given).items():
             setattr(args, key, value)
     if getattr(args, "resolution", None) is not None or getattr(args, "aspect", None) is not None:

@@ -135,5 +135,6 @@ def test_rewritten_prompts_and_resolution_on_infinity_tiny(tmp_path):
     assert base["protocol"]["prompts_rewritten_sha256"] == hashlib.sha256(rewritten.read_bytes()).hexdigest()
     assert base["model"]["num_scales"] == 7  # pn 0.06M: 7 scales, 16 x 16 tokens last = 256 px
     assert "a shiny red car" in json.dumps(base["samples"])  # generated from the rewritten text ...
-    lines = [json.loads(p.read_text()) for p in sorted((out / "images" / "baseline" / "geneval").glob("*/metadata.jsonl"))]
+    geneval = out / "images" / "baseline" / "geneval"
+    lines = [json.loads(p.read_text()) for p in sorted(geneval.glob("*/metadata.jsonl"))]
     assert rows[1] in lines and rows[0] in lines  # ... while GenEval's evaluator reads the original rows

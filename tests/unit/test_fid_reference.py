@@ -160,3 +160,30 @@ def test_rewritten_prompts_keep_geneval_metadata(tmp_path):
     (tmp_path / "short.txt").write_text("only one\n")
     with pytest.raises(UserError, match="has 1 prompts, --prompts .* has 2"):
         with_rewritten_prompts(base, tmp_path / "short.txt")
+
+
+def test_running_moments_equal_numpy_over_uneven_batches_and_chunks():
+    from var_core.eval.reference import RunningMoments
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(50.0, 3.0, size=(101, 5))  # a large mean: the shifted sums must not cancel
+    m = RunningMoments()
+    for a, b in ((0, 1), (1, 40), (40, 41), (41, 101)):
+        m.update(x[a:b])
+    mu, sigma = m.statistics()
+    np.testing.assert_allclose(mu, x.mean(0), rtol=1e-13)
+    np.testing.assert_allclose(sigma, np.cov(x, rowvar=False), rtol=1e-9)
+    # the generated side streamed in chunks of 7 (categories across chunk borders) = in one piece
+    ref_feats = rng.normal(size=(60, 5))
+    stats = {"all": (ref_feats.mean(0), np.cov(ref_feats, rowvar=False), 60),
+             "a": (ref_feats[:30].mean(0), np.cov(ref_feats[:30], rowvar=False), 30)}
+    space = FeatureSpace("identity", 5, lambda t: t.reshape(t.shape[0], -1).double())
+    ref = FIDReference("mem", "npz", "0" * 64, "varscope", "identity", 5, stats, space=space,
+                       sample_categories=["a", "b", "a"])
+    imgs = torch.from_numpy(x).reshape(101, 5, 1, 1)
+    whole, _ = ref.arm_metrics(imgs, chunk=1000)
+    chunked, _ = ref.arm_metrics(imgs, chunk=7)
+    idx_a = [i for i in range(101) if i % 3 != 1]
+    want = _fid_eig(x[idx_a].mean(0), np.cov(x[idx_a], rowvar=False), *stats["a"][:2])
+    assert chunked["fid_ref_a"]["mean"] == pytest.approx(want, rel=1e-6) and chunked["fid_ref_a"]["n"] == len(idx_a)
+    assert chunked["fid_ref"]["mean"] == pytest.approx(whole["fid_ref"]["mean"], rel=1e-9)

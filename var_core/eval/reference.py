@@ -34,8 +34,9 @@ import torch
 from ..errors import UserError
 from .fid import (activation_statistics, frechet_distance, iter_image_batches, list_reference_images)
 
-__all__ = ["FeatureSpace", "FIDReference", "study_feature_space", "feature_space_for_model", "load_fid_reference",
-           "make_reference_npz", "file_sha256", "folder_sha256", "export_testbed_images", "FORMAT"]
+__all__ = ["FeatureSpace", "FIDReference", "RunningMoments", "ReferenceAccumulator", "study_feature_space",
+           "feature_space_for_model", "load_fid_reference", "make_reference_npz", "file_sha256", "folder_sha256",
+           "export_testbed_images", "expand_protocol", "protocol_record", "PROTOCOLS", "FORMAT"]
 
 FORMAT = "varscope-fid-reference-1"
 CATEGORY_SEP = "__"
@@ -152,48 +153,120 @@ class FIDReference:
                     for v in torch.as_tensor(labels).reshape(-1)[:n].tolist()]
         return None
 
-    def arm_metrics(self, images: torch.Tensor, labels=None) -> tuple[dict[str, dict], dict[str, str]]:
+    def new_accumulator(self) -> "ReferenceAccumulator":
+        """Running statistics of the generated set, fed batch by batch (memory O(d²), not O(samples))."""
+        return ReferenceAccumulator(self)
+
+    def arm_metrics(self, images: torch.Tensor, labels=None, *, chunk: int = 64
+                    ) -> tuple[dict[str, dict], dict[str, str]]:
         """``fid_ref`` (all samples against the reference's ``all``) and ``fid_ref_<category>`` (the samples of
         that category against the category's statistics), each a summary naming its protocol; and the
-        unavailable ones with why."""
-        feats = self.space.features(images)
-        values, unavailable = {}, {}
-        values["fid_ref"] = self._entry(feats, "all")
-        categories = [c for c in self.stats if c != "all"]
-        if categories:
-            per_sample = self._categories_of(labels, feats.shape[0])
-            for c in categories:
-                key = f"fid_ref_{c}"
-                if per_sample is None:
-                    unavailable[key] = ("the generated samples have no category (a class-conditional model with "
-                                        "class names, or a prompt file with categories such as MJHQ-30K's)")
-                    continue
-                idx = [i for i, pc in enumerate(per_sample) if pc == c]
-                if len(idx) < 2:
-                    unavailable[key] = f"{len(idx)} generated sample(s) of category {c!r}; FID needs at least 2"
-                    continue
-                values[key] = self._entry(feats[idx], c)
-        return values, unavailable
+        unavailable ones with why. ``images`` go through the feature network ``chunk`` at a time."""
+        acc = self.new_accumulator()
+        labels = None if labels is None else torch.as_tensor(labels).reshape(-1)
+        for i in range(0, images.shape[0], chunk):
+            acc.update(images[i:i + chunk], None if labels is None else labels[i:i + chunk])
+        return acc.finish()
 
-    def _entry(self, feats: np.ndarray, category: str) -> dict:
+    def _entry(self, moments: "RunningMoments", category: str) -> dict:
         mu_r, sigma_r, n_r = self.stats[category]
-        mu, sigma = activation_statistics(feats)
+        mu, sigma = moments.statistics()
         value = frechet_distance(mu, sigma, mu_r, sigma_r).fid
-        return {"mean": float(value), "low": None, "high": None, "n": int(feats.shape[0]), "level": None,
+        return {"mean": float(value), "low": None, "high": None, "n": int(moments.n), "level": None,
                 "features": self.dim, "feature_space": self.feature_space, "category": category,
                 "reference": self.source, "reference_sha256": self.sha256, "n_reference": n_r,
                 "protocol": f"FID vs reference ({self.feature_space})"}
 
 
+class RunningMoments:
+    """Mean and unbiased covariance of features fed in batches (sums of ``x − shift``, the shift being the first
+    batch's mean, so the float64 sums do not cancel); equal to ``np.mean`` / ``np.cov(rowvar=False)`` of the
+    concatenation."""
+
+    def __init__(self):
+        self.n, self.shift, self.s1, self.s2 = 0, None, None, None
+
+    def update(self, feats: np.ndarray) -> None:
+        x = np.asarray(feats, np.float64)
+        if x.shape[0] == 0:
+            return
+        if self.shift is None:
+            self.shift = x.mean(0)
+            self.s1 = np.zeros_like(self.shift)
+            self.s2 = np.zeros((x.shape[1], x.shape[1]))
+        y = x - self.shift
+        self.n += x.shape[0]
+        self.s1 += y.sum(0)
+        self.s2 += y.T @ y
+
+    def statistics(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.n < 2:
+            raise ValueError(f"FID statistics need at least 2 samples, got {self.n}")
+        mean_y = self.s1 / self.n
+        sigma = (self.s2 - self.n * np.outer(mean_y, mean_y)) / (self.n - 1)
+        return self.shift + mean_y, sigma
+
+
+class ReferenceAccumulator:
+    """The generated side of :class:`FIDReference`, batch by batch: ``update(images, labels)`` in sample order
+    (the sample index continues across calls: prompt categories are per sample), then ``finish()``."""
+
+    def __init__(self, reference: FIDReference):
+        self.ref = reference
+        self.index = 0
+        self.moments: dict[str, RunningMoments] = {"all": RunningMoments()}
+        self.uncategorised = False
+
+    def update(self, images: torch.Tensor, labels=None) -> None:
+        feats = self.ref.space.features(images)
+        n = feats.shape[0]
+        self.moments["all"].update(feats)
+        if len(self.ref.stats) > 1:
+            cats = self.ref._categories_of(labels, n) if self.ref.sample_categories is None else [
+                self.ref.sample_categories[(self.index + i) % len(self.ref.sample_categories)] for i in range(n)]
+            if cats is None:
+                self.uncategorised = True
+            else:
+                for c in set(cats) & set(self.ref.stats):
+                    if c != "all":
+                        self.moments.setdefault(c, RunningMoments()).update(
+                            feats[[i for i, pc in enumerate(cats) if pc == c]])
+        self.index += n
+
+    def finish(self) -> tuple[dict[str, dict], dict[str, str]]:
+        values, unavailable = {"fid_ref": self.ref._entry(self.moments["all"], "all")}, {}
+        for c in (c for c in self.ref.stats if c != "all"):
+            key = f"fid_ref_{c}"
+            if self.uncategorised:
+                unavailable[key] = ("the generated samples have no category (a class-conditional model with class "
+                                    "names, or a prompt file with categories such as MJHQ-30K's)")
+                continue
+            m = self.moments.get(c)
+            if m is None or m.n < 2:
+                unavailable[key] = (f"{0 if m is None else m.n} generated sample(s) of category {c!r}; FID needs at "
+                                    f"least 2")
+                continue
+            values[key] = self.ref._entry(m, c)
+        return values, unavailable
+
+
 def _folder_stats(root: Path, space: FeatureSpace, batch_size: int = 50):
+    """Per-category and ``all`` statistics of a reference folder, each image through the network once."""
     groups = list_reference_images(root)
-    stats = {}
     for c, paths in groups.items():
         if len(paths) < 2:
             raise UserError(f"{root}: category {c!r} has {len(paths)} image(s); FID statistics need at least 2")
-        feats = np.concatenate([space.features(b) for b in iter_image_batches(paths, batch_size)])
-        mu, sigma = activation_statistics(feats)
-        stats[c] = (mu, sigma, int(feats.shape[0]))
+    moments = {c: RunningMoments() for c in groups}
+    in_category = {p for c, paths in groups.items() if c != "all" for p in paths}
+    passes = [(c, paths) for c, paths in groups.items() if c != "all"]
+    passes.append(("all", [p for p in groups["all"] if p not in in_category]))  # the flat images
+    for c, paths in passes:
+        for batch in iter_image_batches(paths, batch_size):
+            feats = space.features(batch)
+            moments["all"].update(feats)
+            if c != "all":
+                moments[c].update(feats)
+    stats = {c: (*m.statistics(), int(m.n)) for c, m in moments.items()}
     return stats, folder_sha256(root, groups["all"])
 
 
@@ -343,7 +416,8 @@ def expand_protocol(name: str, model: str | None, given: dict) -> dict:
     if name not in PROTOCOLS:
         from ..errors import did_you_mean
 
-        raise UserError(f"unknown protocol {name!r}; choose from {', '.join(PROTOCOLS)}." + did_you_mean(name, PROTOCOLS))
+        raise UserError(f"unknown protocol {name!r}; choose from {', '.join(PROTOCOLS)}."
+                        + did_you_mean(name, PROTOCOLS))
     preset = PROTOCOLS[name]
     out = {"samples": preset["per_class"] * model_num_classes(model), "cfg": preset["cfg"], "top_k": preset["top_k"],
            "top_p": preset["top_p"]}
