@@ -3,15 +3,17 @@
     python -m studies.gpucheck                        # GPU tests, then the Infinity-2B latency report
     python -m studies.gpucheck --skip-tests --out results/gpucheck
 
-1. **The GPU-marked tests** (``pytest -m gpu``): generation, records, probes and the study runner on CUDA — the
+1. **The GPU-marked tests** (``pytest -m gpu``, at most ``TEST_TIMEOUT_S`` per test and ``TESTS_TIMEOUT_S`` in all:
+   a hung CUDA call fails the check instead of eating its budget): generation, records, probes and the study runner on CUDA — the
    device every tensor moves to (RoPE tables, text encoder), the record's device name, CUDA events and measured
    peak memory, the model staying on the GPU after Lightning's teardown, ``--accelerator auto`` as one decision.
 2. **A latency report** of ``random:infinity-2b`` (Infinity-2B's architecture with seeded random weights: no
    checkpoint needed; speed does not depend on the weights' values) at 1024 px (13 scales), batch 1, bfloat16:
    ``baseline`` vs ``fastvar``, ``nova``, ``ldpruning`` and ``toprovar``, through :mod:`studies.latency` (warm-up
-   generations discarded, then rounds with every method once in a shuffled order; wall-clock around the whole
-   ``generate()`` with ``torch.cuda.synchronize`` before and after, CUDA events per component inside, CUDA
-   ``max_memory_allocated`` per scale, analytic FLOPs of what each method actually computed).
+   generations discarded, then rounds with every method once in a shuffled order; latency = wall-clock around
+   an uninstrumented ``generate()`` synchronised on the timed device before and after, the breakdown from a
+   second call with CUDA events per component, CUDA ``max_memory_allocated`` over the whole generation and per
+   scale, analytic FLOPs of what each method actually computed).
 
 ``<out>/gpucheck.md`` holds the device, the test summary and one row per method: median latency [IQR], the
 measured speedup of the transformer (total − text encoding − VQ decode) next to the **FLOPs-ideal** speedup
