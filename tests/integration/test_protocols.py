@@ -138,3 +138,18 @@ def test_rewritten_prompts_and_resolution_on_infinity_tiny(tmp_path):
     geneval = out / "images" / "baseline" / "geneval"
     lines = [json.loads(p.read_text()) for p in sorted(geneval.glob("*/metadata.jsonl"))]
     assert rows[1] in lines and rows[0] in lines  # ... while GenEval's evaluator reads the original rows
+
+
+def test_fid_reference_make_errors_are_one_line(tmp_path, capsys):
+    from studies.cli import main
+
+    (tmp_path / "one").mkdir()
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "one" / "a.png")
+    for argv, fragment in (([str(tmp_path), str(tmp_path / "x.npz"), "--model", "infinity-2b"], "--inception-weights"),
+                           ([str(tmp_path / "one"), str(tmp_path / "x.npz")], "need at least 2")):
+        rc = main(["fid-reference", "make", *argv])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("error:") and "Traceback" not in err and fragment in err, err
+    assert not (tmp_path / "x.npz").exists()
