@@ -59,7 +59,7 @@ def test_bench_presets_prints_measured_over_bandwidth_ideal(monkeypatch, capsys)
 
     torch.set_num_threads(1)
     monkeypatch.setattr(bench, "interleaved_medians",
-                        lambda variants, repeats, warmup=1: {"baseline": [2.0], "fastvar": [1.0]})
+                        lambda variants, repeats, warmup=1, device=None: {"baseline": [2.0], "fastvar": [1.0]})
     adapter = load_study_model("random:official-tiny", None)
     sampling = SamplingConfig(cfg=1.5, top_k=100, top_p=0.95)
     assert bench.bench_presets(adapter, sampling, 1, 1, presets=["fastvar"],
