@@ -248,3 +248,24 @@ def test_a_cpu_record_is_not_reused_by_a_gpu_run_and_the_reverse(tmp_path):
     (tmp_path / "gpu" / "arms" / "baseline.json").write_text(json.dumps(record))
     assert rec.find_reusable(tmp_path / "gpu", gpu_fp32) is not None
     assert rec.find_reusable(tmp_path / "gpu", cpu_config) is None
+
+
+# ----- on a GPU (skipped without one) -----------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not (FIXTURE / "config.json").exists(), reason="official VAR fixture not found")
+def test_on_a_gpu_sweep_and_bench_run_there_in_the_official_precision(tmp_path, capsys):
+    """``auto`` picks the GPU; VAR runs in fp16 autocast with TF32 (its demo's setting), and the records and the
+    bench header say so."""
+    out = _cli(["sweep", "nova", "--trials", "1", "--model", "official-tiny", "--weights", str(FIXTURE),
+                "--samples", "2", "--batch-size", "2", "--warmup", "0", "--no-paired-timing", "--wandb", "disabled",
+                "--out", str(tmp_path / "sweep")], capsys)
+    assert out.splitlines()[0].startswith("sweep: device cuda:0 (") and "fp16-autocast+tf32" in out.splitlines()[0]
+    for path in sorted((tmp_path / "sweep" / "arms").glob("*.json")):
+        env = _env(path)
+        assert (env["accelerator"], env["device"], env["precision"], env["autocast_dtype"],
+                env["matmul_precision"], env["dtype"]) == ("gpu", "cuda:0", "fp16-autocast+tf32", "float16", "high",
+                                                           "float32")
+    out = _cli(["bench", "presets", "--model", "official-tiny", "--weights", str(FIXTURE), "--presets", "nova",
+                "--repeats", "1"], capsys)
+    header = next(line for line in out.splitlines() if line.startswith("# model="))
+    assert " device=cuda" in header and "precision=fp16-autocast+tf32 autocast=float16 matmul=high" in header
