@@ -1085,7 +1085,8 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             plain_loop=arm.role == "baseline", dtype=str(dtype).removeprefix("torch."), precision=precision,
             accelerator=launch.accelerator,
             devices=launch.devices, strategy=launch.strategy, num_nodes=launch.num_nodes,
-            vae_weights=options.vae_weights, text_encoder=options.text_encoder)
+            vae_weights=options.vae_weights, text_encoder=options.text_encoder,
+            size=size_options_of(options) or None)  # --resolution / --aspect: part of the reuse key
 
     # finished records of another configuration (other --samples, sampling, dtype, weights, --set ...) in the files
     # this study is about to write are moved aside, never replaced: superseded/<tag>/ (one line says where)

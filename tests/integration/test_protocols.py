@@ -153,3 +153,17 @@ def test_fid_reference_make_errors_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("error:") and "Traceback" not in err and fragment in err, err
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_another_aspect_is_not_reused_from_the_square_run(tmp_path):
+    from ablations.runner import StudyOptions, run_study
+
+    kw = dict(family="method", model="random:infinity-tiny", samples=2, batch_size=2, warmup=0, progress=False,
+              threads=1, timing_rounds=0, wandb="disabled", plots=False, grid_samples=2, arms=("baseline",),
+              out=str(tmp_path / "o"))
+    run_study(StudyOptions(**kw), log=lambda s: None)
+    again = run_study(StudyOptions(**kw), log=lambda s: None)
+    assert again.reused == ["baseline"]
+    wide = run_study(StudyOptions(aspect=0.5, **kw), log=lambda s: None)
+    assert wide.computed == ["baseline"] and wide.reused == []  # a 1:2 schedule is another generation
+    assert _records(tmp_path / "o")["baseline"]["protocol"]["aspect"] == 0.5

@@ -288,6 +288,7 @@ class RunConfig:
     vae_weights: str | None = None  # --vae-weights (official checkpoints): part of the key when given
     text_encoder: str | None = None  # --text-encoder (text-to-image models): part of the key when given
     precision: str | None = None  # --precision (var_core.engine.precision): part of the key unless fp32
+    size: dict | None = None  # --resolution / --aspect ({"resolution": "1M", "aspect": 0.5}): in the key when given
 
     @property
     def config_hash(self) -> str:
@@ -313,6 +314,8 @@ class RunConfig:
             key["device"] = "cuda"
         if self.precision not in (None, "fp32"):
             key["precision"] = self.precision
+        if self.size:  # another resolution / aspect is another scale schedule (only when given: old keys unchanged)
+            key["size"] = dict(self.size)
         for name in ("vae_weights", "text_encoder"):  # only when given: the keys of other records stay as they were
             value = getattr(self, name)
             if value:
