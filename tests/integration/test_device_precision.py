@@ -269,3 +269,24 @@ def test_on_a_gpu_sweep_and_bench_run_there_in_the_official_precision(tmp_path, 
                 "--repeats", "1"], capsys)
     header = next(line for line in out.splitlines() if line.startswith("# model="))
     assert " device=cuda" in header and "precision=fp16-autocast+tf32 autocast=float16 matmul=high" in header
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("method", ["materialised", "chunked", "fused"])
+def test_attention_entropy_stays_fp32_under_autocast(method, dtype):
+    """ToProVAR's / the attention scorers' entropy is computed in fp32 inside an autocast generation: the same bits
+    as outside autocast (before the fix QK^T ran in bf16 / fp16: 0.018 nats off, and the chunked pass overflowed
+    clamping to the fp32 minimum)."""
+    from var_core.engine.attention import attention_entropy, fused_available
+
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 64, 16, generator=generator), torch.randn(2, 4, 80, 16, generator=generator)
+    bias = torch.zeros(2, 1, 64, 80).masked_fill_(torch.rand(2, 1, 64, 80, generator=generator) < 0.2, float("-inf"))
+    bias[..., 0] = 0.0  # every query sees a key
+    if method == "fused" and not fused_available(q):
+        pytest.skip("no fused kernel on this build")
+    reference = attention_entropy(q, k, 0.25, bias, method=method, return_lse=True)
+    with torch.autocast("cpu", dtype=dtype):
+        inside = attention_entropy(q, k, 0.25, bias, method=method, return_lse=True)
+    for ref, got in zip(reference, inside):
+        assert got.dtype == torch.float32 and torch.equal(got, ref)

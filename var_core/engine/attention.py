@@ -196,7 +196,10 @@ class CachedAttention:
 
 # ------------------------------------------------------------------------------------------------ entropy
 def _masked_logits(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None) -> torch.Tensor:
-    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+    # in the dtype of q and k (fp32 for the entropies): under --precision *-autocast the matmul would otherwise
+    # run in bf16 / fp16 (and the chunked pass's clamp to the fp32 minimum overflow)
+    with torch.autocast(q.device.type, enabled=False):
+        s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
     if bias is not None:
         s = s.add_(bias)
     return s
@@ -282,8 +285,9 @@ def entropy_fused(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Te
     ``log Z``."""
     q32, k32 = q.float(), k.float()
     b = None if bias is None else bias.float()
-    mean_key, lse = _attention_with_lse(q32, k32, k32, b, scale)
-    entropy = lse - scale * torch.linalg.vecdot(q32, mean_key)
+    with torch.autocast(q.device.type, enabled=False):  # fp32 under --precision *-autocast too
+        mean_key, lse = _attention_with_lse(q32, k32, k32, b, scale)
+        entropy = lse - scale * torch.linalg.vecdot(q32, mean_key)
     return (entropy, lse) if return_lse else entropy
 
 
