@@ -187,3 +187,17 @@ def test_running_moments_equal_numpy_over_uneven_batches_and_chunks():
     want = _fid_eig(x[idx_a].mean(0), np.cov(x[idx_a], rowvar=False), *stats["a"][:2])
     assert chunked["fid_ref_a"]["mean"] == pytest.approx(want, rel=1e-6) and chunked["fid_ref_a"]["n"] == len(idx_a)
     assert chunked["fid_ref"]["mean"] == pytest.approx(whole["fid_ref"]["mean"], rel=1e-9)
+
+
+def test_protocol_record_names_preset_and_deviations():
+    from types import SimpleNamespace
+
+    from var_core.eval.reference import protocol_record
+
+    opts = SimpleNamespace(protocol="imagenet-50k", model="testbed", samples=40, cfg=1.5, top_k=900, top_p=0.96,
+                           resolution=None, aspect=None, more_smooth=False, prompts_rewritten=None)
+    rec = protocol_record(opts, None)
+    assert rec["name"] == "imagenet-50k" and rec["samples"] == 40
+    assert rec["deviations"] == {"samples": 40}  # the preset's 500 = 50 x 10 classes was overridden
+    assert rec["preset"] == {"per_class": 50, "cfg": 1.5, "top_k": 900, "top_p": 0.96}
+    assert rec["fid_reference"] is None and rec["more_smooth"] is False
