@@ -1208,7 +1208,7 @@ def write_overview_grid(out_dir: Path, records: list[dict], k: int = 8, problems
             continue
         if run.images_u8 is None:
             continue
-        rows.append(run.images[:k])
+        rows.append(run.images_u8[:k].float() / 255.0)  # the first k only (.images is a float copy of all)
         names.append(r["arm"])
     if not rows:  # an older overview would show samples that cannot be read now
         for stale in ("overview.png", "overview_rows.txt"):

@@ -1151,7 +1151,8 @@ def _save_grid(out_dir: Path, name: str, run: GenerationRun, base_run: Generatio
     if run.images_u8 is None or base_run.images_u8 is None:
         return
     k = min(k, len(run))
-    images = run.images[:k] if run is base_run else torch.cat([base_run.images[:k], run.images[:k]])
+    first = lambda r: r.images_u8[:k].float() / 255.0  # noqa: E731 - the first k only, not a float copy of all
+    images = first(run) if run is base_run else torch.cat([first(base_run), first(run)])
     labels = [name] if run is base_run else ["baseline", name]
     upscale = max(1, 128 // run.images_u8.shape[-1])
     save_labelled_grid(images, out_dir / "grids" / f"{rec.arm_slug(name)}.png", nrow=k, upscale=upscale,

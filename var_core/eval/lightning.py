@@ -669,7 +669,8 @@ class GenerationRun:
             if isinstance(value, torch.Tensor):
                 t = value.detach().cpu().contiguous()
                 digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-                digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+                # the buffer itself, not a bytes copy of it (a whole arm's images at once)
+                digest.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
             elif isinstance(value, (list, tuple)):
                 digest.update(f"L{len(value)}".encode())
                 for v in value:

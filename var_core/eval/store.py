@@ -17,6 +17,7 @@ configuration the spool belongs to (the caller compares it before resuming).
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -56,10 +57,25 @@ def _atomic(path: Path, write) -> None:
         raise
 
 
-def _json_text(data) -> str:
-    from .records import to_jsonable
+def _plain(value):
+    """JSON-safe copy (tensors / numpy to lists, non-finite floats to ``None``; anything else its ``str``)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return _plain(value.detach().cpu().tolist())
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):  # numpy arrays and scalars
+        return _plain(value.tolist())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return str(value)
 
-    return json.dumps(to_jsonable(data), sort_keys=True)
+
+def _json_text(data) -> str:
+    return json.dumps(_plain(data), sort_keys=True)
 
 
 def write_batch(folder: str | Path, out: dict, environment: dict | None = None) -> Path:
