@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .metric_base import MetricUnavailable, quantize01
+from .metric_base import LOCAL_METRIC, MetricUnavailable, quantize01
 
 __all__ = ["OPENAI_MEAN", "OPENAI_STD", "CLIPFeatures", "LoadedCLIP", "load_clip", "clip_scores", "clip_preprocess",
            "to_uint8"]
@@ -142,7 +142,6 @@ class LoadedCLIP:
     def metric(self):
         from torchmetrics.multimodal.clip_score import CLIPScore
 
-        from .metrics import LOCAL_METRIC  # computed on rank 0 alone: no cross-process sync
 
         return CLIPScore(model_name_or_path=lambda: (self.model, self.processor), **LOCAL_METRIC).to(self.device)
 

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from .stats import Summary
-from .metric_base import MetricUnavailable, quantize01  # noqa: F401 - part of this module's API
+from .metric_base import LOCAL_METRIC, MetricUnavailable, quantize01  # noqa: F401 - part of this module's API
 
 __all__ = [
     "PSNR_CAP", "MetricUnavailable", "MetricContext", "quantize01", "fidelity_per_sample", "ms_ssim_settings",
@@ -69,15 +69,6 @@ PSNR_CAP = 100.0  # dB given to identical images (8-bit images never exceed ~90 
 MIN_KID_BOOTSTRAP = 4  # fewer samples: KID gets no interval (NaN bounds, method says "n too small")
 
 
-def _no_process_group() -> bool:
-    return False
-
-
-#: keyword arguments of every torchmetrics ``Metric`` made here: no cross-process sync. The metrics of a run are
-#: computed in one process (global rank 0 of a ``ddp`` / torchrun / SLURM launch, on the merged samples) while the
-#: other ranks wait for rank 0's next message; torchmetrics' default all-gather on ``compute`` would wait for ranks
-#: that never join it (issue 25: every multi-process testbed study hung).
-LOCAL_METRIC = dict(sync_on_compute=False, dist_sync_on_step=False, distributed_available_fn=_no_process_group)
 
 METRIC_CHUNK = 64  # images per forward pass of a metric network: memory O(chunk), not O(samples) (issue 26)
 
