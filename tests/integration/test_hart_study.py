@@ -1,6 +1,6 @@
 """``python -m studies.ablate method --model random:hart-tiny`` end to end: every method preset runs on HART
 through the one loop (FLOPs counted with the HART formulas, diffusion head included), and an arm whose setting
-cannot run on this schedule is reported unavailable with its reason instead of crashing. Small: 2 samples per arm,
+cannot run on this schedule stops the study before anything runs, in one error line. Small: 2 samples per arm,
 batch 2, no interleaved re-timing."""
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import os
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 from ablations.runner import StudyOptions, run_study  # noqa: E402
-from var_core.accel.presets import PRESETS  # noqa: E402
+import pytest  # noqa: E402
+
+from ablations.overrides import OverrideError  # noqa: E402
+from var_core.accel.presets import OTHER_READINGS, PRESETS  # noqa: E402
 from var_core.eval import records as rec  # noqa: E402
 
 SMALL = dict(model="random:hart-tiny", samples=2, batch_size=2, warmup=0, progress=False, seed=3, threads=1,
@@ -19,16 +22,18 @@ SMALL = dict(model="random:hart-tiny", samples=2, batch_size=2, warmup=0, progre
 
 
 def test_method_family_on_hart_tiny(tmp_path):
-    # ToProVAR's representative scale s_rep = 9 does not exist in hart-tiny's 7 scales: check_model refuses it
+    # ToProVAR's representative scale s_rep = 9 does not exist in hart-tiny's 7 scales: refused before anything runs
     out = tmp_path / "method"
     logs: list[str] = []
-    result = run_study(StudyOptions(family="method", out=str(out), overrides=("schedule.s_rep=9",), **SMALL),
+    with pytest.raises(OverrideError, match=r"s_rep=9.*7 scales"):
+        run_study(StudyOptions(family="method", out=str(tmp_path / "refused"), overrides=("schedule.s_rep=9",),
+                               **SMALL), log=logs.append)
+    assert not list((tmp_path / "refused").glob("arms/*.json"))  # nothing was generated
+    result = run_study(StudyOptions(family="method", out=str(out), overrides=("schedule.s_rep=5",), **SMALL),
                        log=logs.append)
     ran = set(result.computed) | set(result.reused)  # an arm whose resolved config equals another's is reused
-    assert {"baseline"} | (set(PRESETS) - {"baseline", "toprovar"}) <= ran
-    assert [a.name for a in result.unavailable] == ["toprovar"]
-    assert "s_rep=9" in result.unavailable[0].error and "7 scales" in result.unavailable[0].error
-    assert any("arm 'toprovar' is unavailable here" in line for line in logs)
+    assert {"baseline"} | (set(PRESETS) - set(OTHER_READINGS) - {"baseline"}) <= ran
+    assert result.unavailable == []
     manifest = json.loads((out / "study.json").read_text())
     assert manifest["status"] == "complete"
     records = {r["arm"]: r for r in (rec.read_record(p) for p in sorted((out / "arms").glob("*.json")))}
