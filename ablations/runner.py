@@ -1085,7 +1085,9 @@ def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampl
             for a in order:
                 sync()
                 t0 = time.perf_counter_ns()
-                generate(adapter, labels, seeds=seeds, sampling=sampling, policy=policies[a.name], options=options)
+                with torch.inference_mode():  # no autograd bookkeeping in the timed region (issue 27)
+                    generate(adapter, labels, seeds=seeds, sampling=sampling, policy=policies[a.name],
+                             options=options)
                 sync()
                 times[a.name].append((time.perf_counter_ns() - t0) / 1e9)
     finally:

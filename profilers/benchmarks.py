@@ -101,7 +101,8 @@ def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int,
     for _ in range(repeats):
         for name, fn in variants.items():
             start = time.perf_counter()
-            fn()
+            with torch.inference_mode():  # no autograd bookkeeping in the timed region (issue 27)
+                fn()
             if device is not None and device.type == "cuda":
                 torch.cuda.synchronize(device)
             times[name].append(time.perf_counter() - start)

@@ -111,9 +111,7 @@ def record_received_mass(signals: Signals, ctx: ScaleContext, block: int, probs_
 def fill_missing(map_RN: torch.Tensor, how: str = "lowest") -> torch.Tensor:
     """Replace NaN (uncomputed) entries per row: ``lowest`` = the row's smallest computed value (they rank last,
     ties broken by position), ``row_mean`` = the row's mean computed value. An all-NaN row becomes 0."""
-    missing = torch.isnan(map_RN)
-    if not bool(missing.any()):
-        return map_RN
+    missing = torch.isnan(map_RN)  # no "anything missing?" shortcut: it is a host synchronisation on a GPU
     present = ~missing
     any_present = present.any(-1, keepdim=True)
     if how == "lowest":

@@ -101,6 +101,20 @@ def guidance_weights(ctx: ScaleContext, signals: Signals, guidance_scale: float 
     return _guidance_weights(ctx, guidance_scale, temperature)
 
 
+def host_guidance_weights(ctx: ScaleContext, signals: Signals, guidance_scale: float | None = None,
+                          temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`guidance_weights` on the host, copied once per scale (one host synchronisation per scale where they
+    were fitted on the device; every block's lens reads them for its cache key and shared-bias test)."""
+    alpha, beta = guidance_weights(ctx, signals, guidance_scale, temperature)
+    extras = getattr(signals, "extras", None)
+    memo = {} if extras is None else extras.setdefault(WEIGHTS_KEY + ".host", {})
+    key = (ctx.scale_index, guidance_scale, temperature)
+    if key not in memo:
+        memo.clear()
+        memo[key] = tuple(torch.stack((alpha, beta)).cpu().unbind(0))
+    return memo[key]
+
+
 def _guidance_weights(ctx: ScaleContext, guidance_scale: float | None, temperature: float
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     B, si, K = ctx.batch_size, ctx.scale_index, ctx.num_scales
@@ -158,8 +172,9 @@ def lens_entropy(ctx: ScaleContext, signals: Signals, lens: LensProbe | torch.Te
         logits = lens.cond_logits(index)
     else:
         alpha, beta = guidance_weights(ctx, signals, guidance_scale, temperature)
+        alpha_h, beta_h = host_guidance_weights(ctx, signals, guidance_scale, temperature)
         # α·ℓ_u + β·(ℓ_c − ℓ_u) = β·ℓ_c + (α − β)·ℓ_u
-        logits = lens.mixed_logits(beta, alpha - beta, index)
+        logits = lens.mixed_logits(beta, alpha - beta, index, host_weights=(beta_h, alpha_h - beta_h))
     with tracer.span("accel/entropy", ctx.scale_index):
         if combine == "mean" and lens.both_halves:
             b = logits.shape[0] // 2

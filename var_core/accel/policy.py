@@ -141,6 +141,8 @@ class AccelPolicy(Policy):
         self.signals: Signals | None = None
         self._tracer = None
         self._active_B: torch.Tensor | None = None
+        self._active_rows_memo: dict = {}
+        self._forced_memo: tuple[torch.Tensor, int] | None = None
         self._block_selection: dict[int, Any] = {}
         self.history: list[dict] = []  # per-scale diagnostics of the last generation
 
@@ -232,6 +234,7 @@ class AccelPolicy(Policy):
         with self._span("guidance", ctx.scale_index):
             decision = self.guidance.decide(ctx, signals)
         self._active_B = active_B
+        self._active_rows_memo = {}
         self._block_selection = {}
         prune = bool(active_B.any()) and self.schedule.prunes_scale(ctx, signals)
         signals.pruning_now = prune
@@ -275,6 +278,7 @@ class AccelPolicy(Policy):
         if scores.shape[0] != rows:
             scores = scores.repeat(rows // scores.shape[0], 1)
         forced = self.restorer.forced_keep(ctx, self.signals)
+        floor = min(max(self.config.min_keep, self._forced_count(forced)), N)
         if forced is not None:
             forced = forced.to(scores.device)
             scores = scores.masked_fill(forced.view(1, N), float("inf"))
@@ -283,13 +287,39 @@ class AccelPolicy(Policy):
             counts = self.schedule.keep_counts(ctx, block, branch, scores, self.signals)
         if counts is None:
             return None
-        active_R = self._active_B.to(counts.device).repeat(rows // B)
-        floor = max(self.config.min_keep, int(forced.sum()) if forced is not None else 0)
-        counts = torch.where(active_R, counts.clamp(min=min(floor, N), max=N), torch.full_like(counts, N))
-        n_max = int(counts.max())
-        if n_max >= N and bool((counts >= N).all()):
+        # The block's one host synchronisation (the counts become a shape), free where the schedule's counts are
+        # host data (a table of the config); the clamp is integer work, the same on the host and on the device.
+        counts_host = counts.cpu()
+        counts_host = torch.where(self._active_rows("cpu", rows), counts_host.clamp(min=floor, max=N),
+                                  torch.full_like(counts_host, N))
+        n_max = int(counts_host.max())
+        if n_max >= N and bool((counts_host >= N).all()):
             return None
-        return top_tokens(scores, counts, n_max)
+        if bool((counts_host >= n_max).all()):  # every row keeps n_max: no per-row counts on the device
+            return top_tokens(scores, counts_host, n_max, uniform=True)
+        # ragged: the same counts where the schedule computed them (top_tokens copies host counts to the device)
+        counts = torch.where(self._active_rows(counts.device, rows), counts.clamp(min=floor, max=N),
+                             torch.full_like(counts, N))
+        return top_tokens(scores, counts, n_max, uniform=False)
+
+    def _forced_count(self, forced: torch.Tensor | None) -> int:
+        """Tokens the restorer forces to be kept, read once per mask (restorers hand out one cached mask per
+        scale), not once per block."""
+        if forced is None:
+            return 0
+        if self._forced_memo is None or self._forced_memo[0] is not forced:
+            self._forced_memo = (forced, int(forced.sum()))
+        return self._forced_memo[1]
+
+    def _active_rows(self, device, rows: int) -> torch.Tensor:
+        """The scale's activation mask per network row on ``device`` (``"cpu"``: the host), copied there once per
+        scale."""
+        key = (str(device), rows)
+        if key not in self._active_rows_memo:
+            B = len(self._active_B)
+            source = self._active_B.cpu() if str(device) == "cpu" else self._active_B.to(device)
+            self._active_rows_memo[key] = source.repeat(rows // B)
+        return self._active_rows_memo[key]
 
     def _project(self, ctx: ScaleContext, block: int, branch: str, scores: torch.Tensor, x_RNC: torch.Tensor):
         """The chunk starting at ``block`` runs on tokens the restorer builds (a ProjectedTokens run), as many as
@@ -373,21 +403,24 @@ def rank_grid(scores_RN: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(finite, torch.round(scores_RN / step_R1) * step_R1, scores_RN)
 
 
-def top_tokens(scores_RN: torch.Tensor, counts_R: torch.Tensor, n_max: int):
+def top_tokens(scores_RN: torch.Tensor, counts_R: torch.Tensor, n_max: int, uniform: bool | None = None):
     """Indices of the ``counts[r]`` highest-scoring tokens of each row, sorted by position.
 
     The order is total and a function of the row alone: score descending, ties broken by the lower position.
     (``topk`` is not: which of several tied tokens survives depends on ``k``, i.e. on the batch's largest keep
     count, and Haar energies tie exactly inside 2×2 cells.) Rows keeping fewer than ``n_max`` are padded
     (repeating their first kept index) and marked invalid in a :class:`TokenSelection`, so each sample's result
-    is independent of its batch neighbours.
+    is independent of its batch neighbours. ``uniform``: whether every row keeps ``n_max`` (a caller that read the
+    counts on the host says so; None: tested here, a host synchronisation on a GPU).
     """
     R, N = scores_RN.shape
     # a stable sort keeps the original (position) order among equal scores; NaN would break the total order
     scores_RN = torch.nan_to_num(scores_RN, nan=float("-inf"))
     idx_desc = scores_RN.sort(dim=1, descending=True, stable=True).indices[:, :n_max]
-    valid = torch.arange(n_max, device=scores_RN.device).view(1, -1) < counts_R.view(-1, 1)
-    if bool(valid.all()):
+    if uniform:
+        return idx_desc.sort(dim=1).values
+    valid = torch.arange(n_max, device=scores_RN.device).view(1, -1) < counts_R.to(scores_RN.device).view(-1, 1)
+    if uniform is None and bool(valid.all()):
         return idx_desc.sort(dim=1).values
     keyed = torch.where(valid, idx_desc, torch.full_like(idx_desc, N)).sort(dim=1).values
     valid_sorted = keyed < N

@@ -39,6 +39,7 @@ class KVCache:
         self.valid: list[torch.Tensor | None] = []  # per block, padded layout: [R, max_len] bool once padding came
         self.ragged: list[bool] = []  # per block: a ragged append happened (attention pairs are then recorded)
         self.attention_pairs: dict[int, int] = {}  # block -> query-key pairs of its latest attention call
+        self._row_lengths_dev: dict[int, torch.Tensor] = {}  # packed layout: row_lengths on the device
         self._open = False
 
     @staticmethod
@@ -63,6 +64,7 @@ class KVCache:
         self.valid = [None] * self.num_blocks
         self.ragged = [False] * self.num_blocks
         self.attention_pairs = {}
+        self._row_lengths_dev = {}
         self._open = True
         return self
 
@@ -90,12 +92,15 @@ class KVCache:
         if self.keys[block] is None:
             self.keys[block] = k_RHnd.new_empty(R, H, self.max_len, hd)
             self.values[block] = v_RHnd.new_empty(R, H, self.max_len, v_RHnd.shape[-1])
-        if valid_Rn is not None and bool(valid_Rn.all()):
-            valid_Rn = None
+        counts = None
+        if valid_Rn is not None:
+            counts = valid_Rn.sum(1).tolist()  # the append's one host synchronisation (lengths are shapes)
+            if all(c == n for c in counts):
+                valid_Rn, counts = None, None
         if valid_Rn is not None:
             self.ragged[block] = True
         if self.layout == "packed" and (valid_Rn is not None or self.row_lengths[block] is not None):
-            return self._append_packed(block, k_RHnd, v_RHnd, valid_Rn)
+            return self._append_packed(block, k_RHnd, v_RHnd, valid_Rn, counts)
         start = self.lengths[block]
         end = start + n
         if end > self.keys[block].shape[2]:
@@ -117,43 +122,58 @@ class KVCache:
                         valid_Rn, packed=self.layout == "packed", on_pairs=self._pairs_recorder(block))
 
     def _append_packed(self, block: int, k_RHnd: torch.Tensor, v_RHnd: torch.Tensor,
-                       valid_Rn: torch.Tensor | None) -> CachedKV:
-        """Packed layout: row ``r``'s valid keys go to ``[len_r, len_r + n_r)``, in slot order."""
+                       valid_Rn: torch.Tensor | None, counts: list[int] | None) -> CachedKV:
+        """Packed layout: row ``r``'s valid keys go to ``[len_r, len_r + n_r)``, in slot order.
+
+        One indexed copy for every row (a scatter along the sequence): each row's ``n`` slots are permuted into
+        ``[len_r, len_r + n)``, its valid slots first in slot order, its padding slots after them (overwritten by
+        zeros up to the longest row, or by a later append: never read). ``len_r + n`` fits the buffer because no
+        row holds more than the dense length of the scales before. The per-row counts reach the host once (the
+        lengths are shapes of the views)."""
         R, H, n, _ = k_RHnd.shape
         device = k_RHnd.device
         before = self.row_lengths[block] or [self.lengths[block]] * R
-        valid = valid_Rn if valid_Rn is not None else torch.ones(R, n, dtype=torch.bool, device=device)
-        counts = valid.sum(1).tolist()
-        after = [b + c for b, c in zip(before, counts)]
-        if max(after) > self.keys[block].shape[2]:
-            raise RuntimeError(f"KV cache overflow in block {block}: {max(after)} > {self.keys[block].shape[2]} "
-                               f"tokens")
-        start_R = torch.tensor(before, device=device)
-        position_Rn = start_R.view(R, 1) + valid.long().cumsum(1) - 1  # cache position of each valid slot
-        prefix = torch.arange(n, device=device).view(1, n) < torch.tensor(counts, device=device).view(R, 1)
-        if bool((prefix == valid).all()):  # padding at the end of each row (top_tokens): one slice copy per row
-            keys, values = self.keys[block], self.values[block]
-            for r, (b, c) in enumerate(zip(before, counts)):
-                keys[r, :, b:b + c] = k_RHnd[r, :, :c]
-                values[r, :, b:b + c] = v_RHnd[r, :, :c]
+        if valid_Rn is None:
+            counts = [n] * R
+            valid = torch.ones(R, n, dtype=torch.bool, device=device)
         else:
-            rows_T, slots_T = valid.nonzero(as_tuple=True)
-            target_T = position_Rn[rows_T, slots_T]
-            self.keys[block][rows_T, :, target_T] = k_RHnd[rows_T, :, slots_T]
-            self.values[block][rows_T, :, target_T] = v_RHnd[rows_T, :, slots_T]
+            valid = valid_Rn
+        after = [b + c for b, c in zip(before, counts)]
+        if max(after) > self.keys[block].shape[2] or max(before) + n > self.keys[block].shape[2]:
+            raise RuntimeError(f"KV cache overflow in block {block}: {max(max(after), max(before) + n)} > "
+                               f"{self.keys[block].shape[2]} tokens")
+        if self.row_lengths[block] is None:
+            start_R = torch.full((R,), before[0], dtype=torch.long, device=device)
+        else:  # the device copy of the lengths kept by the previous append (a host copy after select_rows)
+            start_R = self._row_lengths_dev.get(block)
+            if start_R is None:
+                start_R = torch.tensor(before, device=device)
+        start_R1 = start_R.view(R, 1)
+        valid_long = valid.long()
+        rank_valid = valid_long.cumsum(1) - 1  # among the row's valid slots
+        rank_pad = (1 - valid_long).cumsum(1) - 1  # among its padding slots
+        count_R1 = valid_long.sum(1, keepdim=True)
+        position_Rn = start_R1 + torch.where(valid, rank_valid, count_R1 + rank_pad)  # a permutation per row
+        index_RHnd = position_Rn.view(R, 1, n, 1).expand(R, H, n, k_RHnd.shape[-1])
+        self.keys[block].scatter_(2, index_RHnd, k_RHnd)
+        self.values[block].scatter_(2, position_Rn.view(R, 1, n, 1).expand(R, H, n, v_RHnd.shape[-1]), v_RHnd)
         end = max(after)
-        for r, length in enumerate(after):  # a shorter row's slots up to the longest row's end: masked, but never
-            if length < end:                # uninitialised memory (NaN there would survive the -inf mask)
-                self.keys[block][r, :, length:end] = 0
-                self.values[block][r, :, length:end] = 0
+        low = min(after)
+        if low < end:  # a shorter row's slots up to the longest row's end: masked, but never stale or uninitialised
+            after_R1 = start_R1 + count_R1  # memory (NaN there would survive the -inf mask)
+            stale = (torch.arange(low, end, device=device).view(1, end - low) >= after_R1).view(R, 1, end - low, 1)
+            self.keys[block][:, :, low:end].masked_fill_(stale, 0)
+            self.values[block][:, :, low:end].masked_fill_(stale, 0)
         self.lengths[block] = end
         self.row_lengths[block] = after
-        uniform = len(set(after)) == 1
+        self._row_lengths_dev[block] = (start_R1 + count_R1).view(R)
+        uniform = low == end
         bias = None
         if not uniform:
-            in_row = torch.arange(end, device=device).view(1, end) < torch.tensor(after, device=device).view(R, 1)
+            in_row = torch.arange(end, device=device).view(1, end) < (start_R1 + count_R1)
             bias = _bias(in_row, k_RHnd.dtype)
-        current = torch.where(valid, position_Rn, start_R.view(R, 1).clamp(max=end - 1).expand(R, n))
+        position_Rn = start_R1 + rank_valid
+        current = torch.where(valid, position_Rn, start_R1.clamp(max=end - 1).expand(R, n))
         return CachedKV(self.keys[block][:, :, :end], self.values[block][:, :, :end], bias,
                         None if uniform else tuple(after), current, valid_Rn, packed=True,
                         on_pairs=self._pairs_recorder(block))
@@ -175,6 +195,7 @@ class KVCache:
         self.values = [None if v is None else v[rows] for v in self.values]
         self.valid = [None if m is None else m[rows] for m in self.valid]
         self.row_lengths = [None if lens is None else lens[rows] for lens in self.row_lengths]
+        self._row_lengths_dev = {}
         for block, lens in enumerate(self.row_lengths):
             if lens is not None and len(set(lens)) <= 1:  # the remaining rows agree again
                 self.row_lengths[block] = None

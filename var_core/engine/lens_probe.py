@@ -137,19 +137,24 @@ class LensProbe:
             self.projected_rows += features.shape[0]
         return self._cache[key]
 
-    def mixed_logits(self, cond_weight_B: torch.Tensor, uncond_weight_B: torch.Tensor, samples=None) -> torch.Tensor:
+    def mixed_logits(self, cond_weight_B: torch.Tensor, uncond_weight_B: torch.Tensor, samples=None,
+                     host_weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``[B, N, V]`` = ``w_c·ℓ_cond + w_u·ℓ_uncond`` per sample (both CFG halves must be present);
-        ``samples``: those samples only (``[b, N, V]`` in sample order; the weights stay per sample, ``[B]``)."""
+        ``samples``: those samples only (``[b, N, V]`` in sample order; the weights stay per sample, ``[B]``).
+        ``host_weights``: the same two weights already on the host (a caller that copies them once per scale), read
+        for the cache key and the shared-bias test instead of the device ones (no host synchronisation)."""
         if not self.both_halves:
             raise ValueError(f"mixed_logits needs both CFG halves ({2 * self.batch_size} rows), got {self.rows}")
         B = self.batch_size
         index = self._sample_index(samples)
-        key = ("mixed", tuple(cond_weight_B.tolist()), tuple(uncond_weight_B.tolist()),
+        host_c, host_u = host_weights if host_weights is not None else (cond_weight_B, uncond_weight_B)
+        key = ("mixed", tuple(host_c.tolist()), tuple(host_u.tolist()),
                None if index is None else tuple(index.tolist()))
         if key in self._cache:
             return self._cache[key]
         if index is not None:
             cond_weight_B, uncond_weight_B = cond_weight_B[index.cpu()], uncond_weight_B[index.cpu()]
+            host_c, host_u = host_c[index.cpu()], host_u[index.cpu()]
         b = B if index is None else int(index.numel())
         parts = None
         if self._logits is None and self._head_parts is not None:
@@ -167,7 +172,8 @@ class LensProbe:
             wc, wu = (w.to(features.device, features.dtype).view(b, 1, 1) for w in (cond_weight_B, uncond_weight_B))
             bias_scale = wc + wu
             self.projected_rows += b
-            if linear.bias is not None and bool((bias_scale == bias_scale.flatten()[0]).all()):
+            host_scale = host_c.to(features.dtype) + host_u.to(features.dtype)  # = bias_scale, read on the host
+            if linear.bias is not None and bool((host_scale == host_scale.flatten()[0]).all()):
                 # one weight for every sample (VAR: α = 1): the scaled bias rides in the GEMM (no pass over [b, N, V])
                 bias = linear.bias * bias_scale.flatten()[0]
                 mixed = F.linear(wc * cond + wu * uncond, linear.weight, bias).float()

@@ -158,8 +158,9 @@ class SATS(Guidance):
         if ctx.guidance is not GuidanceMode.BOTH:
             return KEEP_GUIDANCE
         stopped_B = self._stop_B <= ctx.scale_index
-        if bool(stopped_B.all()):
+        stopped = stopped_B.cpu()  # one host read per scale: the decision changes which rows run
+        if bool(stopped.all()):
             return GuidanceDecision(mode=GuidanceMode.COND_ONLY)
-        if bool(stopped_B.any()):
+        if bool(stopped.any()):
             return GuidanceDecision(cond_only_B=stopped_B)
         return KEEP_GUIDANCE

@@ -4,6 +4,11 @@ Conventions: scales are 0-indexed ``si`` here; NOVA's formulas use the 1-indexed
 ``R = B`` or ``2B`` (conditional rows first), and row ``r`` belongs to sample ``r mod B``. Every per-sample quantity
 is computed per sample and broadcast to its rows, so a sample keeps the same count in both CFG halves and does not
 depend on its batch neighbours.
+
+Host synchronisations (issue 27): the entropy-derived quantities (growth, lens and predictive entropies, ratios,
+counts) stay on the device the entropies live on; only the activation scales are host data, moved to the device
+once per scale (:func:`_per_scale`). A block's kept count reaches the host once, in the policy, where it becomes a
+shape.
 """
 
 from __future__ import annotations
@@ -75,6 +80,27 @@ def to_rows(values_B: torch.Tensor, batch_size: int, rows: int, device) -> torch
     return values_B.to(device)[sample_of_row(batch_size, rows, device)]
 
 
+_MEMO_KEY = "linkage.per_scale"
+
+
+def _per_scale(ctx, signals: Signals, name, compute):
+    """``compute()`` once per scale (memoised in ``signals.extras``; every block of a scale reads the same value),
+    so a host→device copy of a per-scale decision happens once per scale, not once per block. The memo is also
+    keyed on the activation's ``signals.activation_scale_B`` object: an activation that decides inside a scale
+    (``low_entropy_ratio``'s ``first_accelerated='at'``) replaces it, and the later blocks recompute."""
+    extras = getattr(signals, "extras", None)
+    if extras is None:
+        return compute()
+    memo = extras.setdefault(_MEMO_KEY, {})
+    first = getattr(signals, "activation_scale_B", None)
+    if memo.get("scale") != ctx.scale_index or memo.get("first") is not first:
+        memo.clear()
+        memo["scale"], memo["first"] = ctx.scale_index, first
+    if name not in memo:
+        memo[name] = compute()
+    return memo[name]
+
+
 def activation_scales(ctx, signals: Signals) -> torch.Tensor:
     """int64 ``[B]`` (CPU) first accelerated scale per sample; with an activation that publishes none, every
     sample counts as accelerated from scale 0 (the policy's activation mask still applies)."""
@@ -90,48 +116,62 @@ def started_B(ctx, signals: Signals) -> torch.Tensor:
     return activation_scales(ctx, signals) <= ctx.scale_index
 
 
-def counts_for_rows(ctx, keep_B: torch.Tensor, active_B: torch.Tensor, rows: int, device) -> torch.Tensor | None:
-    """``[R]`` kept counts: ``keep_B`` for rows of ``active_B`` samples, ``N`` elsewhere; None when all dense."""
+def started_on(ctx, signals: Signals, device) -> torch.Tensor:
+    """:func:`started_B` on ``device``, copied there once per scale."""
+    return activation_scales_on(ctx, signals, device) <= ctx.scale_index
+
+
+def activation_scales_on(ctx, signals: Signals, device) -> torch.Tensor:
+    """:func:`activation_scales` on ``device``, copied there once per scale."""
+    return _per_scale(ctx, signals, ("first", str(device)), lambda: activation_scales(ctx, signals).to(device))
+
+
+def counts_for_rows(ctx, keep_B: torch.Tensor, active_B: torch.Tensor, rows: int, device=None) -> torch.Tensor:
+    """``[R]`` kept counts: ``keep_B`` for rows of ``active_B`` samples, ``N`` elsewhere, where ``keep_B`` lives
+    (host data stays on the host: the policy reads it for free; ``device`` is accepted for older callers and not
+    used). Rows that all keep ``N`` are dense: the policy runs them dense (no host read here)."""
     N = ctx.num_tokens
-    keep_B = torch.where(active_B.to(keep_B.device), keep_B, torch.full_like(keep_B, N))
-    if bool((keep_B >= N).all()):
-        return None
-    return to_rows(keep_B, ctx.batch_size, rows, device)
+    if active_B.device != keep_B.device:
+        active_B = active_B.to(keep_B.device)
+    keep_B = torch.where(active_B, keep_B, torch.full_like(keep_B, N))
+    return keep_B[sample_of_row(ctx.batch_size, rows, keep_B.device)]
 
 
 # ------------------------------------------------------------------------------------------------ entropy plumbing
-def last_growth_B(ctx, signals: Signals, definition: str) -> torch.Tensor:
-    """float64 ``[B]`` (CPU): the growth ``g_{t−1} = H_{t−1} − H_{t−2}`` of the last finished scale (0 where it is
-    undefined: before scale 2, or next to a skipped scale)."""
+def last_growth_B(ctx, signals: Signals, definition: str, device=None) -> torch.Tensor:
+    """float64 ``[B]`` (on the entropies' device; on ``device`` where undefined): the growth ``g_{t−1} = H_{t−1} −
+    H_{t−2}`` of the last finished scale (0 where it is undefined: before scale 2, or next to a skipped scale)."""
     si = ctx.scale_index
     B = ctx.batch_size
     if si < 2:
-        return torch.zeros(B, dtype=torch.float64)
+        return torch.zeros(B, dtype=torch.float64, device=device)
     H = scale_entropy_curve(signals, si - 1, definition)
     if H is None:
-        return torch.zeros(B, dtype=torch.float64)
-    return torch.nan_to_num(growth(H)[:, si - 1], nan=0.0).cpu()
+        return torch.zeros(B, dtype=torch.float64, device=device)
+    return torch.nan_to_num(growth(H)[:, si - 1], nan=0.0)
 
 
-def previous_scale_mean_entropy_B(ctx, signals: Signals) -> torch.Tensor:
-    """float64 ``[B]`` (CPU): mean predictive entropy of the last computed scale (NaN if none)."""
+def previous_scale_mean_entropy_B(ctx, signals: Signals, device=None) -> torch.Tensor:
+    """float64 ``[B]`` (on the entropies' device): mean predictive entropy of the last computed scale (NaN, on
+    ``device``, if none)."""
     record = ctx.last_computed()
     ent = None if record is None else signals.token_entropy(record.scale_index)
     if ent is None:
-        return torch.full((ctx.batch_size,), float("nan"), dtype=torch.float64)
-    return ent.double().mean(-1).cpu()
+        return torch.full((ctx.batch_size,), float("nan"), dtype=torch.float64, device=device)
+    return ent.double().mean(-1)
 
 
-def lens_mean_B(ctx, signals: Signals, block: int) -> torch.Tensor:
-    """float64 ``[B]`` (CPU): mean logit-lens entropy of the hidden state AFTER ``block`` at this scale (the
-    sample's conditional row, or its only row); NaN when it was not recorded."""
+def lens_mean_B(ctx, signals: Signals, block: int, device=None) -> torch.Tensor:
+    """float64 ``[B]`` (on the lens entropies' device): mean logit-lens entropy of the hidden state AFTER ``block``
+    at this scale (the sample's conditional row, or its only row); NaN (on ``device``) when it was not recorded."""
     ent = signals.lens_entropy.get((ctx.scale_index, block))
     if ent is None:
-        return torch.full((ctx.batch_size,), float("nan"), dtype=torch.float64)
-    return ent[: ctx.batch_size].double().nanmean(-1).cpu()
+        return torch.full((ctx.batch_size,), float("nan"), dtype=torch.float64, device=device)
+    return ent[: ctx.batch_size].double().nanmean(-1)
 
 
-def layer_entropy_difference_B(ctx, signals: Signals, block: int, first_block_reference: str) -> torch.Tensor:
+def layer_entropy_difference_B(ctx, signals: Signals, block: int, first_block_reference: str,
+                               device=None) -> torch.Tensor:
     """``[B]``: ``H_{t,l} − mean_{j<l} H_{t,j}`` for 0-indexed ``block`` (paper ``l = block + 1``).
 
     ``H_{t,l}`` is the lens entropy of the hidden state ENTERING block l, i.e. recorded after block ``block − 1``.
@@ -140,13 +180,13 @@ def layer_entropy_difference_B(ctx, signals: Signals, block: int, first_block_re
     the first two blocks keep the base ratio. NaN (→ base ratio) where nothing is available.
     """
     B = ctx.batch_size
-    nan = torch.full((B,), float("nan"), dtype=torch.float64)
+    nan = torch.full((B,), float("nan"), dtype=torch.float64, device=device)
     if block < 1:
         return nan
-    current = lens_mean_B(ctx, signals, block - 1)
-    earlier = [lens_mean_B(ctx, signals, j) for j in range(block - 1)]  # entering blocks 1 .. block-1
+    current = lens_mean_B(ctx, signals, block - 1, device)
+    earlier = [lens_mean_B(ctx, signals, j, device) for j in range(block - 1)]  # entering blocks 1 .. block-1
     if first_block_reference == "previous_scale":
-        earlier.insert(0, previous_scale_mean_entropy_B(ctx, signals))
+        earlier.insert(0, previous_scale_mean_entropy_B(ctx, signals, device))
     elif first_block_reference != "none":
         raise ValueError(f"unknown first-block reference {first_block_reference!r}; "
                          f"choose one of {FIRST_BLOCK_REFERENCES}")
@@ -156,8 +196,9 @@ def layer_entropy_difference_B(ctx, signals: Signals, block: int, first_block_re
 
 
 def profile_difference_B(ctx, profile: tuple[float, ...], block: int) -> torch.Tensor:
-    """``[B]``: ``P_l − mean_{j<l} P_j`` from a FIXED per-block entropy profile (``P[b]`` = entropy of the state
-    entering 0-indexed block ``b``, the same for every sample and scale); NaN (→ base ratio) for the first block."""
+    """``[B]`` (CPU): ``P_l − mean_{j<l} P_j`` from a FIXED per-block entropy profile (``P[b]`` = entropy of the
+    state entering 0-indexed block ``b``, the same for every sample and scale); NaN (→ base ratio) for the first
+    block. Host data: no synchronisation."""
     B = ctx.batch_size
     if block < 1:
         return torch.full((B,), float("nan"), dtype=torch.float64)
@@ -166,12 +207,37 @@ def profile_difference_B(ctx, profile: tuple[float, ...], block: int) -> torch.T
 
 
 def layer_difference_B(ctx, signals: Signals, block: int, first_block_reference: str,
-                       profile: tuple[float, ...]) -> torch.Tensor:
-    """The layer-entropy difference of the layer linkage: from the fixed ``profile`` when one is given (no lens),
-    else from the logit lens (:func:`layer_entropy_difference_B`)."""
+                       profile: tuple[float, ...], device=None) -> torch.Tensor:
+    """The layer-entropy difference of the layer linkage: from the fixed ``profile`` when one is given (no lens,
+    host data), else from the logit lens (:func:`layer_entropy_difference_B`, on the lens entropies' device;
+    ``device`` where nothing was recorded)."""
     if profile:
         return profile_difference_B(ctx, profile, block)
-    return layer_entropy_difference_B(ctx, signals, block, first_block_reference)
+    return layer_entropy_difference_B(ctx, signals, block, first_block_reference, device)
+
+
+def layer_difference_on(ctx, signals: Signals, block: int, first_block_reference: str,
+                        profile: tuple[float, ...], device) -> torch.Tensor:
+    """:func:`layer_difference_B` on ``device``: a fixed profile's differences of every block are copied there once
+    per scale, the lens route computes on the lens entropies' device."""
+    if profile:  # the same for every scale: copied to the device once per generation
+        memo = signals.extras.setdefault("linkage.profile", {})
+        key = (profile, ctx.batch_size, str(device))
+        if key not in memo:
+            memo[key] = torch.stack([profile_difference_B(ctx, profile, b) for b in range(len(profile))]).to(device)
+        return memo[key][block]
+    return layer_entropy_difference_B(ctx, signals, block, first_block_reference, device).to(device)
+
+
+def per_scale_block_counts(schedule, ctx, rows: int, signals: Signals, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r [L, B] on the device, counts [L, R] on the host)`` of every block of the scale from
+    ``schedule._block_counts`` (a schedule whose counts need nothing measured inside the scale: a fixed layer
+    profile), computed once per scale and copied to the host in one transfer, so the policy reads each block's
+    counts for free."""
+    def every_block():
+        parts = [schedule._block_counts(ctx, b, rows, signals, device) for b in range(ctx.num_blocks)]
+        return torch.stack([r for r, _ in parts]), torch.stack([c for _, c in parts]).cpu()
+    return _per_scale(ctx, signals, ("block_counts", id(schedule), rows, str(device)), every_block)
 
 
 def measure_layer_profile(signals: Signals, num_blocks: int) -> tuple[float, ...]:

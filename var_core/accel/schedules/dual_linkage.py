@@ -10,7 +10,8 @@ from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
 from ._linkage_math import (DIRECTIONS, FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
                             LayerEntropyLinked, layer_adjusted_ratio,
-                            layer_difference_B, started_B)
+                            layer_difference_on, per_scale_block_counts, started_B,
+                            started_on)
 from .scale_linkage import scale_ratio_B
 
 EXTRAS_KEY = "dual_linkage"
@@ -56,11 +57,22 @@ class DualLinkage(LayerEntropyLinked, Schedule):
                                                 "block) used instead of the logit lens; () = measure it with the "
                                                 "lens at every pruned scale", unit="per_block")
 
-    def keep_counts(self, ctx, block, branch, scores_RN, signals):
+    def _block_counts(self, ctx, block, rows, signals, device):
         cfg = self.config
-        r_t_B = scale_ratio_B(ctx, signals, cfg.tau, cfg.scale_lam, cfg.direction, cfg.definition)
-        diff_B = layer_difference_B(ctx, signals, block, cfg.first_block_reference, cfg.layer_profile)
+        r_t_B = scale_ratio_B(ctx, signals, cfg.tau, cfg.scale_lam, cfg.direction, cfg.definition, device)
+        diff_B = layer_difference_on(ctx, signals, block, cfg.first_block_reference, cfg.layer_profile, device)
         r_B = layer_adjusted_ratio(r_t_B, diff_B, 0.0, cfg.layer_lam)
-        signals.extras.setdefault(EXTRAS_KEY, {})[(ctx.scale_index, block)] = r_B
         keep_B = keep_from_ratio(r_B, ctx.num_tokens, cfg.ratio_is)
-        return counts_for_rows(ctx, keep_B, started_B(ctx, signals), scores_RN.shape[0], scores_RN.device)
+        return r_B, counts_for_rows(ctx, keep_B, started_on(ctx, signals, device), rows, device)
+
+    def keep_counts(self, ctx, block, branch, scores_RN, signals):
+        if not bool(started_B(ctx, signals).any()):  # host data: nobody accelerated yet, dense
+            return None
+        rows, device = scores_RN.shape[0], scores_RN.device
+        if self.config.layer_profile:  # nothing measured inside the scale: every block's count at once, one host copy
+            r_LB, counts_LR = per_scale_block_counts(self, ctx, rows, signals, device)
+            r_B, counts = r_LB[block], counts_LR[block]
+        else:
+            r_B, counts = self._block_counts(ctx, block, rows, signals, device)
+        signals.extras.setdefault(EXTRAS_KEY, {})[(ctx.scale_index, block)] = r_B
+        return counts

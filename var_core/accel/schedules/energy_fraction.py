@@ -10,7 +10,7 @@ import torch
 from ..base import Schedule
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
-from ._linkage_math import started_B, to_rows
+from ._linkage_math import started_B, started_on, to_rows
 
 COUNT_MODES = ("energy", "tokens")
 
@@ -68,7 +68,9 @@ class EnergyFraction(Schedule):
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
+        if not bool(started_B(ctx, signals).any()):  # host data: nobody accelerated yet, dense
+            return None
         keep_R = energy_keep_counts(scores_RN, cfg.rho, cfg.counts, cfg.min_keep_fraction)
-        dense_R = ~to_rows(started_B(ctx, signals), ctx.batch_size, scores_RN.shape[0], keep_R.device)
-        keep_R = torch.where(dense_R, torch.full_like(keep_R, ctx.num_tokens), keep_R)
-        return None if bool((keep_R >= ctx.num_tokens).all()) else keep_R
+        dense_R = ~to_rows(started_on(ctx, signals, keep_R.device), ctx.batch_size, scores_RN.shape[0], keep_R.device)
+        # every row keeping N tokens: the policy runs the block dense (no host read here)
+        return torch.where(dense_R, torch.full_like(keep_R, ctx.num_tokens), keep_R)

@@ -75,4 +75,4 @@ class FixedTable(Schedule):
             return None
         N = ctx.num_tokens
         keep = N - int(ratio * N)  # FastVAR's L - int(L * ratio)
-        return torch.full((scores_RN.shape[0],), keep, dtype=torch.long, device=scores_RN.device)
+        return torch.full((scores_RN.shape[0],), keep, dtype=torch.long)  # host data: no synchronisation

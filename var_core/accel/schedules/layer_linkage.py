@@ -12,7 +12,8 @@ from ..registry import SCHEDULES
 from .fixed_table import ratio_for_scale
 from ._linkage_math import (FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
                             LayerEntropyLinked, layer_adjusted_ratio,
-                            layer_difference_B, started_B)
+                            layer_difference_on, per_scale_block_counts, started_B,
+                            started_on)
 
 EXTRAS_KEY = "layer_linkage"
 
@@ -98,13 +99,23 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
-        if self._tabled_out(ctx):
+        if self._tabled_out(ctx) or not bool(started_B(ctx, signals).any()):  # host data: dense
             return None
+        device = scores_RN.device
         if self._base_ratio(ctx) >= 1.0:  # 100 %: every accelerated row keeps the policy's min_keep, as fixed_table
-            keep_B = torch.zeros(ctx.batch_size, dtype=torch.long)
-            return counts_for_rows(ctx, keep_B, started_B(ctx, signals), scores_RN.shape[0], scores_RN.device)
-        diff_B = layer_difference_B(ctx, signals, block, cfg.first_block_reference, cfg.layer_profile)
-        r_B = layer_adjusted_ratio(self._base_ratio(ctx), diff_B, 0.0, cfg.lam)
+            keep_B = torch.zeros(ctx.batch_size, dtype=torch.long, device=device)
+            return counts_for_rows(ctx, keep_B, started_on(ctx, signals, device), scores_RN.shape[0], device)
+        if cfg.layer_profile:  # nothing measured inside the scale: every block's count at once, one host copy
+            r_LB, counts_LR = per_scale_block_counts(self, ctx, scores_RN.shape[0], signals, device)
+            r_B, counts = r_LB[block], counts_LR[block]
+        else:
+            r_B, counts = self._block_counts(ctx, block, scores_RN.shape[0], signals, device)
         signals.extras.setdefault(EXTRAS_KEY, {})[(ctx.scale_index, block)] = r_B
+        return counts
+
+    def _block_counts(self, ctx, block, rows, signals, device):
+        cfg = self.config
+        diff_B = layer_difference_on(ctx, signals, block, cfg.first_block_reference, cfg.layer_profile, device)
+        r_B = layer_adjusted_ratio(self._base_ratio(ctx), diff_B, 0.0, cfg.lam)
         keep_B = keep_from_ratio(r_B, ctx.num_tokens, cfg.ratio_is)
-        return counts_for_rows(ctx, keep_B, started_B(ctx, signals), scores_RN.shape[0], scores_RN.device)
+        return r_B, counts_for_rows(ctx, keep_B, started_on(ctx, signals, device), rows, device)

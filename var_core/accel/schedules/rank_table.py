@@ -65,4 +65,4 @@ class RankTable(Schedule):
         chunks = signals.info.block_chunks if signals is not None else None
         chunk = block_chunk(block, ctx.num_blocks, chunks)
         count = rank_count(self.config.alpha, width, chunk, ctx.num_tokens)
-        return torch.full((scores_RN.shape[0],), count, dtype=torch.long, device=scores_RN.device)
+        return torch.full((scores_RN.shape[0],), count, dtype=torch.long)  # host data: no synchronisation

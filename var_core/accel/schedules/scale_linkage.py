@@ -11,19 +11,23 @@ from ..entropy import SCALE_ENTROPY_DEFINITIONS
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
 from ._linkage_math import (DIRECTIONS, RATIO_MEANINGS, activation_scales, counts_for_rows, keep_from_ratio,
-                            last_growth_B, nova_scale_ratio, started_B)
+                            last_growth_B, nova_scale_ratio, started_B,
+                            started_on, activation_scales_on)
 
 EXTRAS_KEY = "scale_linkage"
 
 
-def scale_ratio_B(ctx, signals: Signals, tau: float, lam: float, direction: str, definition: str) -> torch.Tensor:
-    """float64 ``[B]`` NOVA ``r_t`` of every sample at ``ctx``'s scale (meaningful where the sample is accelerated).
+def scale_ratio_B(ctx, signals: Signals, tau: float, lam: float, direction: str, definition: str,
+                  device=None) -> torch.Tensor:
+    """float64 ``[B]`` NOVA ``r_t`` of every sample at ``ctx``'s scale (meaningful where the sample is accelerated),
+    on ``device`` (default: the CPU; the activation scales are copied there once per scale, the growth is computed
+    where the entropies live: no host read).
 
     ``t = si + 1``; ``t* = `` the sample's first accelerated 0-indexed scale, which is the 1-indexed number of its
     last full scale (scales ``t > t*`` are accelerated); ``g = g_{t−1}`` from the scale entropies (``definition``).
     """
-    t_star = activation_scales(ctx, signals).double()
-    g_prev = last_growth_B(ctx, signals, definition)
+    t_star = activation_scales_on(ctx, signals, device).double()
+    g_prev = last_growth_B(ctx, signals, definition, device).to(device)
     return nova_scale_ratio(ctx.scale_index + 1, t_star, g_prev, tau, lam, direction)
 
 
@@ -68,7 +72,10 @@ class ScaleLinkage(Schedule):
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
-        r_B = scale_ratio_B(ctx, signals, cfg.tau, cfg.lam, cfg.direction, cfg.definition)
+        if not bool(started_B(ctx, signals).any()):  # host data: nobody accelerated yet, dense
+            return None
+        device = scores_RN.device
+        r_B = scale_ratio_B(ctx, signals, cfg.tau, cfg.lam, cfg.direction, cfg.definition, device)
         signals.extras.setdefault(EXTRAS_KEY, {})[ctx.scale_index] = r_B
         keep_B = keep_from_ratio(r_B, ctx.num_tokens, cfg.ratio_is)
-        return counts_for_rows(ctx, keep_B, started_B(ctx, signals), scores_RN.shape[0], scores_RN.device)
+        return counts_for_rows(ctx, keep_B, started_on(ctx, signals, device), scores_RN.shape[0], device)

@@ -268,11 +268,14 @@ class ToProVARGate(Schedule):
             return
         B, (h, w), L = ctx.batch_size, ctx.hw, ctx.num_blocks
         ratio = torch.full((B, L), float("inf"), dtype=torch.float64)
+        observed = {}
         for block in range(L):
             entropy = signals.attention_entropy.get((si, block))
             if entropy is None:
                 continue  # never observed: R = 0, Global
-            ratio[:, block] = layer_score(fill_missing(entropy[:B], "row_mean").view(B, h, w), cfg.beta)[0].cpu()
+            observed[block] = layer_score(fill_missing(entropy[:B], "row_mean").view(B, h, w), cfg.beta)[0]
+        if observed:  # one copy to the host for every block (issue 27)
+            ratio[:, list(observed)] = torch.stack(list(observed.values()), 1).cpu()
         state = self._state(signals)
         R_BL = torch.exp(-cfg.beta * (ratio - 1.0))
         state["sigma_ratio_BL"], state["R_BL"], state["classified_at"] = ratio, R_BL, si

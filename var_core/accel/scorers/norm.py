@@ -43,7 +43,21 @@ class NormScorer(Scorer):
         weight = x_RNC.float().square().sum(-1)
         if self.config.mode == "top":
             return weight
-        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + ctx.scale_index * 1009 + block)
-        uniform = torch.rand(ctx.num_tokens, generator=gen, dtype=torch.float64).clamp_(min=1e-300)
-        gumbel = -torch.log(-torch.log(uniform)).float().to(x_RNC.device)
+        gumbel = self._gumbel(ctx, signals, x_RNC.device)[block]
         return torch.log(weight.clamp(min=torch.finfo(torch.float32).tiny)) + gumbel
+
+    def _gumbel(self, ctx, signals, device) -> torch.Tensor:
+        """``[L, N]`` Gumbel noise of every block of the scale, drawn on the host (each block from its own
+        generator seeded by (seed, scale, block), so a block's draws do not depend on which blocks are scored)
+        and copied to ``device`` once per scale instead of once per block (host synchronisations, issue 27)."""
+        memo = signals.extras.setdefault("norm.gumbel", {}) if signals is not None else {}
+        key = (self.config.seed, ctx.scale_index, ctx.num_tokens, ctx.num_blocks, str(device))
+        if key not in memo:
+            memo.clear()
+            rows = []
+            for b in range(ctx.num_blocks):
+                gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + ctx.scale_index * 1009 + b)
+                uniform = torch.rand(ctx.num_tokens, generator=gen, dtype=torch.float64).clamp_(min=1e-300)
+                rows.append(-torch.log(-torch.log(uniform)).float())
+            memo[key] = torch.stack(rows).to(device)
+        return memo[key]
