@@ -120,7 +120,7 @@ def test_outputs_are_complete_and_self_describing(study_dir):
     interleaved = json.loads((study_dir / "timing_interleaved.json").read_text())
     assert interleaved["rounds"] == 5 and interleaved["batch_size"] == 1 and set(interleaved["arms"]) == {"baseline", "identity@t_est=5"}
     assert "speedup_interleaved" in frame.columns and "speedup interleaved" in table
-    assert (study_dir / "grids" / "identity_t_est=5.png").is_file()
+    assert (study_dir / "grids" / f"{rec.arm_slug('identity@t_est=5')}.png").is_file()
     assert not (study_dir / "wandb").exists()  # disabled: W&B writes nothing
 
 
@@ -166,7 +166,7 @@ def test_interrupted_run_keeps_finished_arms(tmp_path, monkeypatch):
         run_study(options, log=lambda s: None)
     arms_dir = tmp_path / "run" / "arms"
     assert rec.read_record(arms_dir / "baseline.json") is not None
-    assert not (arms_dir / "identity_t_est=5.json").exists()
+    assert not (arms_dir / f"{rec.arm_slug('identity@t_est=5')}.json").exists()
     assert not list(arms_dir.glob("*.tmp")) and not list(arms_dir.glob(".*.tmp"))
     monkeypatch.setattr(runner, "run_generation", real)
     result = run_study(options, log=lambda s: None)
@@ -223,7 +223,7 @@ def test_ctrl_c_inside_trainer_predict_keeps_finished_arms(tmp_path, monkeypatch
         signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT while it shuts down
     arms_dir = tmp_path / "run" / "arms"
     assert rec.read_record(arms_dir / "baseline.json") is not None
-    assert not (arms_dir / "identity_t_est=5.json").exists()
+    assert not (arms_dir / f"{rec.arm_slug('identity@t_est=5')}.json").exists()
     monkeypatch.setattr(probes.ProfilerProbe, "after_batch", real)
     result = run_study(options, log=lambda s: None)
     assert result.reused == ["baseline"] and result.computed == ["identity@t_est=5"]
@@ -236,10 +236,10 @@ def test_changed_metric_context_recomputes_metrics_not_samples(tmp_path):
                    arms=("identity@t_est=5",), **SMALL)
     first = run_study(StudyOptions(**options), log=lambda s: None)
     assert first.computed == ["baseline", "identity@t_est=5"]
-    before = rec.read_record(tmp_path / "run" / "arms" / "identity_t_est=5.json")
+    before = rec.read_record(rec.record_paths(tmp_path / "run", "identity@t_est=5")[0])
     again = run_study(StudyOptions(fid_protocol="pytorch-fid", **options), log=lambda s: None)
     assert again.computed == [] and again.reused == ["baseline", "identity@t_est=5"]
-    after = rec.read_record(tmp_path / "run" / "arms" / "identity_t_est=5.json")
+    after = rec.read_record(rec.record_paths(tmp_path / "run", "identity@t_est=5")[0])
     assert after["metrics_refreshed"] and after["timing"] == before["timing"]
     assert after["metrics"]["signature"] != before["metrics"]["signature"]
     assert after["metrics"]["per_sample"]["psnr"] == before["metrics"]["per_sample"]["psnr"]

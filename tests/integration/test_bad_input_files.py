@@ -27,6 +27,7 @@ import torch
 from studies import ablate, demo
 from studies._cli import run_cli
 from var_core.errors import run_command
+from var_core.eval.records import record_paths
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED = REPO / "var_core" / "testbed" / "weights"
@@ -200,8 +201,9 @@ def test_named_lpips_weights_that_cannot_load_stop_before_generation(which, garb
 # ----- a read-only or full file system ----------------------------------------------------------------------
 def _records(out: Path) -> dict[str, bytes]:
     arms = out / "arms"
-    return {p.name: p.read_bytes() for p in sorted(arms.iterdir()) if not p.name.startswith(".")} if arms.is_dir() \
-        else {}
+    if not arms.is_dir():
+        return {}
+    return {p.name: p.read_bytes() for p in sorted(arms.iterdir()) if p.is_file() and not p.name.startswith(".")}
 
 
 def _fail_saving_the_arm(monkeypatch, fault):
@@ -240,7 +242,7 @@ def test_full_disk_while_saving_an_arm_keeps_the_finished_baseline(fault, fixtur
     out = tmp_path / "run"
     _fail_saving_the_arm(monkeypatch, fault)
     rc, err = _run(ablate.main, [*STUDY, "--model", "official-tiny", "--out", out], capsys)
-    assert_one_error(rc, err, f"cannot write {out / 'arms' / 'identity_t_est=5.pt'}: No space left on device",
+    assert_one_error(rc, err, f"cannot write {record_paths(out, 'identity@t_est=5')[1]}: No space left on device",
                      "ENOSPC", "disk is full", f"kept in {out}")
     kept = _records(out)
     assert {"baseline.json", "baseline.pt"} <= set(kept)  # the finished arm stays
