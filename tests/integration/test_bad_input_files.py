@@ -347,9 +347,14 @@ SWALLOWING_IMPORT = """
 """
 
 
+# A process started from a background job inherits SIGINT ignored (as CI's may be), and Python then installs no
+# KeyboardInterrupt handler: give the child the handler an interactive terminal gives it.
+AS_FROM_A_TERMINAL = "import signal as _signal; _signal.signal(_signal.SIGINT, _signal.default_int_handler)\n"
+
+
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", AS_FROM_A_TERMINAL + textwrap.dedent(code), *args], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=120)
 
 
 def test_ctrl_c_while_varscope_imports_its_command_exits_130():
