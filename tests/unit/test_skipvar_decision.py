@@ -140,3 +140,24 @@ def test_the_converter_refuses_a_folder_with_a_payload_and_exits_2(tmp_path, cap
 def test_unknown_model_name_suggests_the_near_one():
     with pytest.raises(ValueError, match="did you mean 'decision_model_ssim_86'"):
         load_models("decision_model_ssim_86x")
+
+
+def test_branch_flops_order_on_infinity_2b():
+    """The docs' per-branch FLOPs-ideal (profilers.skipvar_flops): more scales left out or more scales without the
+    unconditional rows must cost less, and leaving a scale out must save more than dropping its unconditional rows
+    (an inverted ratio or swapped branch fails)."""
+    from profilers.flops import infinity_arch
+    from profilers.plan_flops import ideal_speedup
+    from profilers.skipvar_flops import branch_config
+    from var_core.models.infinity import scale_schedule
+    from var_core.zoo import INFINITY_SPECS
+
+    spec = INFINITY_SPECS["infinity-2b"]
+    arch = infinity_arch(spec.config, scale_schedule(spec.pn, 1.0, spec.num_scales), text_len=64)
+    speed = {(c, u): ideal_speedup(branch_config(c, u), arch)[0]
+             for c, u in [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (2, 0), (3, 0)]}
+    assert speed[(0, 0)] == pytest.approx(1.0)
+    assert 1.0 < speed[(0, 1)] < speed[(0, 2)] < speed[(0, 3)] < 2.0  # at most half of the last scales' rows
+    assert speed[(0, 3)] < speed[(1, 0)] < speed[(2, 0)] < speed[(3, 0)]
+    for k in (1, 2, 3):
+        assert speed[(k, 0)] > speed[(0, k)]
