@@ -8,7 +8,7 @@ Modes (each one ``generate()`` call with the same labels, seeds and sampling set
 * ``profiler``  — ``RecordFunctionTracer`` inside an active ``torch.profiler.profile`` (CPU activity, plus CUDA on
   a GPU; no shapes, FLOPs, memory or stacks).
 
-Timed region: the ``generate()`` call only (on CUDA bracketed by ``torch.cuda.synchronize()``). Outside it:
+Timed region: the ``generate()`` call only (on CUDA bracketed by a synchronisation of the run's device). Outside it:
 building the tracer, starting/stopping the profiler and resolving its events, ``ComponentTimer.finalize()``.
 One warm-up generation per mode is discarded; then ``--repeats`` rounds, each running every mode once in a
 shuffled order (seeded; interleaving spreads slow drifts of a shared machine over all modes, shuffling avoids
@@ -42,15 +42,15 @@ import torch
 from var_core.engine import NULL_TRACER, GenerationOptions, SamplingConfig, generate
 from var_core.zoo import load_model
 
+from .device_sync import synchronize
 from .timers import ComponentTimer
 from .torch_profiler import RecordFunctionTracer
 
 MODES = ("null", "timer", "rf", "profiler")
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+def _sync(device: torch.device | str | None) -> None:
+    synchronize(device)  # the run's device, not the current CUDA device
 
 
 def _activities():
@@ -81,10 +81,10 @@ def run_once(mode: str, adapter, labels, seeds, sampling, options) -> tuple[floa
         profiler.__enter__()
     gc.collect()  # outside the timed region: no mode pays for the garbage of the one before it
     try:
-        _sync()
+        _sync(adapter.device)
         t0, c0 = time.perf_counter_ns(), time.process_time_ns()
         generate(adapter, labels, seeds=seeds, sampling=sampling, tracer=tracer, options=options)
-        _sync()
+        _sync(adapter.device)
         wall, cpu = (time.perf_counter_ns() - t0) / 1e6, (time.process_time_ns() - c0) / 1e6
     finally:
         if profiler is not None:

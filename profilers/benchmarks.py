@@ -44,6 +44,7 @@ import torch
 
 from profilers.flops import count_flops
 from profilers.latency_report import conditions_for
+from profilers.device_sync import synchronize
 from profilers.timers import ComponentTimer
 from var_core.accel import PolicyConfig, build_policy
 from var_core.accel.presets import PRESETS, get_preset
@@ -57,22 +58,22 @@ LENS_SPANS = ("lens",)
 
 
 class ScaleClock(Tracer):
-    """Wall-clock per scale (CPU: perf_counter is exact after each op returns; no CUDA here)."""
+    """Wall-clock per scale of a generation on ``device`` (synchronised there at each scale's start and end; on
+    the CPU perf_counter is exact after each op returns)."""
 
     enabled = True
 
-    def __init__(self):
+    def __init__(self, device: torch.device | str | None = None):
         self.per_scale: dict[int, float] = {}
         self._t0 = 0.0
+        self.device = device
 
     def scale_begin(self, scale):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        synchronize(self.device)
         self._t0 = time.perf_counter()
 
     def scale_end(self, scale):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        synchronize(self.device)
         self.per_scale[scale] = time.perf_counter() - self._t0
 
 
@@ -103,8 +104,7 @@ def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int,
             start = time.perf_counter()
             with torch.inference_mode():  # no autograd bookkeeping in the timed region (issue 27)
                 fn()
-            if device is not None and device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             times[name].append(time.perf_counter() - start)
     return times
 
@@ -197,7 +197,7 @@ def bench_engine(adapter, sampling: SamplingConfig, batch_sizes, repeats: int, w
             med = statistics.median(values)
             print(f"{name:36s} {med:9.3f} {min(values):8.3f} {med / ref:7.3f}")
 
-        clocks = {"dense": ScaleClock(), "half": ScaleClock()}
+        clocks = {"dense": ScaleClock(adapter.device), "half": ScaleClock(adapter.device)}
         last_times = {"dense": [], "half": []}
         for _ in range(repeats + 1):
             for name, policy in (("dense", None), ("half", PruneLastScaleHalf())):
@@ -371,7 +371,8 @@ def bench_attention_entropy(shapes=ENTROPY_SHAPES, repeats: int = 5, device: str
     from var_core.engine.attention import attention_entropy, fused_available
 
     device = torch.device(device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    def sync():
+        synchronize(device)
     print(f"# attention entropy vs SDPA: device={device} threads={torch.get_num_threads()} "
           f"torch={torch.__version__} dtype=float32")
     print(f"{'shape':18s} {'method':13s} {'median ms':>9s} {'x sdpa':>7s} {'max |dH|':>9s} {'extra MiB':>9s}")

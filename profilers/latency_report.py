@@ -506,7 +506,7 @@ def run_profile(adapter, method: str, batch: int, settings: LatencySettings, sam
                             options=options)
 
     return profile_generations(run, ProfileSchedule(wait=0, warmup=1, active=1), out_dir=out,
-                               trace_name=f"{method}_b{batch}")
+                               trace_name=f"{method}_b{batch}", device=adapter.device)
 
 
 # ----- markdown ----------------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ import torch
 
 from var_core.engine.tracing import CompositeTracer, Tracer
 
+from .device_sync import synchronize
+
 __all__ = [
     "CompositeTracer", "ProfileRun", "ProfileSchedule", "RecordFunctionTracer", "ops_by_range", "profile_generate",
     "profile_generations", "range_name", "parse_range_name",
@@ -229,6 +231,7 @@ def profile_generations(
     with_stack: bool = False,
     extra_tracer: Tracer | None = None,
     row_limit: int = 25,
+    device: torch.device | str | None = None,
 ) -> ProfileRun:
     """Call ``run(tracer)`` ``schedule.steps`` times under ``torch.profiler.profile``.
 
@@ -238,6 +241,8 @@ def profile_generations(
 
     ``activities``: ``("cpu",)`` or ``("cpu", "cuda")``; default: CPU, plus CUDA when available. Profiling
     options (shapes, FLOPs, memory, stacks) cost time: see ``specs/environment.md`` (about +7 %, +9 %, +89 %).
+    ``device``: the device ``run`` generates on, synchronised between steps when CUDA is profiled (None: the
+    current CUDA device).
     """
     from torch.profiler import ProfilerActivity, profile, schedule as make_schedule
 
@@ -276,8 +281,8 @@ def profile_generations(
     ) as prof:
         for _ in range(schedule.steps):
             run(tracer)
-            if torch.cuda.is_available() and "cuda" in activities:
-                torch.cuda.synchronize()  # between steps only: the step boundary must see finished kernels
+            if "cuda" in activities:  # between steps only: the step boundary must see finished kernels
+                synchronize(device if device is not None else torch.device("cuda", torch.cuda.current_device()))
             prof.step()
 
     import pandas as pd
@@ -300,4 +305,5 @@ def profile_generate(adapter, conditions, seeds=None, sampling=None, policy=None
         return generate(adapter, conditions, seeds=seeds, sampling=sampling, policy=policy, tracer=tracer,
                         options=options)
 
+    profile_kwargs.setdefault("device", getattr(adapter, "device", None))
     return profile_generations(run, **profile_kwargs)
