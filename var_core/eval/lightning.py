@@ -470,14 +470,25 @@ class _ShardCollector(Callback):
         self.spooled: list[str] = []
 
     def on_predict_start(self, trainer, pl_module) -> None:
+        from ..engine.attention import sdpa_kernels_run
+
         self.outputs = []
+        sdpa_kernels_run(reset=True)  # the SDPA kernel count is per process: this arm's calls only (issue 27)
         self.environment = process_environment(trainer, pl_module)
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         # the module sets its threads in its own on_predict_start, which Lightning calls after this callback's
         self.environment["threads"] = torch.get_num_threads()
         self.environment["interop_threads"] = torch.get_num_interop_threads()
-        ran = getattr(getattr(pl_module, "adapter", None), "precision_ran", None)
+        adapter = getattr(pl_module, "adapter", None)
+        if adapter is not None:  # the SDPA kernels this arm's batches ran so far (counter reset at predict start)
+            from ..engine.attention import sdpa_kernels_run
+            from .environment import attention_backend
+
+            self.environment["attention_backend"] = attention_backend(adapter, pl_module.device)
+            self.environment["sdpa_kernels"] = {k: v for k, v in sdpa_kernels_run().items()
+                                                if k.split(":", 1)[0] == pl_module.device.type}
+        ran = getattr(adapter, "precision_ran", None)
         if ran:  # --precision as generate() entered it (var_core.engine.precision)
             self.environment.update(ran)
         if self.spool is not None:  # memory O(batch): the batch is on disk, nothing of it is kept here
