@@ -221,7 +221,7 @@ def test_record_states_the_kernels_that_ran(monkeypatch):
     from var_core.eval.environment import sdpa_backend
 
     attention.sdpa_kernels_run(reset=True)
-    assert "kernels that ran in this process: none recorded" in sdpa_backend("cpu")
+    assert "kernels that ran in this run: none recorded" in sdpa_backend("cpu")
     q, k = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 3, 4)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -229,5 +229,34 @@ def test_record_states_the_kernels_that_ran(monkeypatch):
         for _ in range(3):
             attention.sdpa(q, k, k)
     attention.sdpa(q, k, k)
-    assert "kernels that ran in this process: cpu:math ×3, cpu:flash ×1" in sdpa_backend("cpu")
+    assert "kernels that ran in this run: cpu:math ×3, cpu:flash ×1" in sdpa_backend("cpu")
     attention.sdpa_kernels_run(reset=True)
+
+
+
+def test_each_arm_records_its_own_sdpa_kernel_count():
+    """The kernel count is per process; a record's is per arm: the collector that builds each arm's process
+    environment resets it when the arm's generation starts and reads it as its batches end. Two arms of 3 and 5
+    SDPA calls (after 2 calls outside any arm) record 3 and 5. Before: each arm's record held the count at its
+    start (2, then 2 + 3)."""
+    from types import SimpleNamespace
+
+    from var_core.eval.lightning import _ShardCollector
+
+    trainer = SimpleNamespace(global_rank=0, world_size=1, local_rank=0, node_rank=0)
+    module = SimpleNamespace(adapter=SimpleNamespace(attention_backend=None, modules=lambda: {}),
+                             device=torch.device("cpu"))
+    q, k = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 3, 4)
+    for _ in range(2):
+        attention.sdpa(q, k, k)  # e.g. a warm-up or an earlier study in this process
+    recorded = []
+    for calls in (3, 5):
+        collector = _ShardCollector(folder="unused")
+        collector.on_predict_start(trainer, module)
+        for _ in range(calls):
+            attention.sdpa(q, k, k)
+        collector.on_predict_batch_end(trainer, module, {}, None, 0)
+        recorded.append((collector.environment["sdpa_kernels"], collector.environment["attention_backend"]))
+    assert [kernels for kernels, _ in recorded] == [{"cpu:flash": 3}, {"cpu:flash": 5}]
+    assert "kernels that ran in this run: cpu:flash ×3;" in recorded[0][1]
+    assert "kernels that ran in this run: cpu:flash ×5;" in recorded[1][1]

@@ -54,7 +54,7 @@ def sdpa_backend(device: torch.device | str) -> str:
     from ..engine.attention import describe_kernels_run, sdpa_kernels_run
 
     ran = {k: v for k, v in sdpa_kernels_run().items() if k.split(":", 1)[0] == device.type}
-    text += f"; kernels that ran in this process: {describe_kernels_run(ran)}"
+    text += f"; kernels that ran in this run: {describe_kernels_run(ran)}"
     return text + "; eager softmax(QK^T) on blocks whose attention a policy observes"
 
 
