@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from var_core import plugins
 from var_core.accel.knobs import SearchSpace
 from var_core.accel.policy import COMPONENT_KINDS, PolicyConfig, component_config
 from var_core.accel.presets import PRESETS, get_preset
@@ -59,11 +60,17 @@ class Arm:
 
 @dataclass(frozen=True)
 class FamilyContext:
-    """Options a recipe may read: ``method`` (the base of the ``options`` family)."""
+    """Options a recipe may read: ``method`` (the base of the ``options`` family) and the study's model —
+    ``model`` (a :class:`~var_core.accel.presets.ModelKey`: family, depth, scale grids; None when unknown, e.g.
+    ``ls``) and ``model_name`` (the zoo name) — so a recipe can pick per-model values as per-model presets do."""
 
     method: str = "nova"
+    model: Any = None  # var_core.accel.presets.ModelKey | None
+    model_name: str | None = None
 
     def preset(self, name: str) -> PolicyConfig:
+        """The preset ``name`` (its generic config: a per-model preset is resolved for the model when a generation
+        starts; ``var_core.accel.presets.resolve_config(config, ctx.model)`` gives that setting here)."""
         return get_preset(name)
 
 
@@ -107,7 +114,7 @@ FAMILIES: dict[str, tuple[Callable[[FamilyContext], list[Arm]], str]] = {}
 FAMILY_INFO: dict[str, FamilyInfo] = {}
 FAMILY_MODULES = ("scorer", "activation", "linkage", "cache", "guidance", "extractor", "method", "options", "depth",
                   "criterion")
-NOT_FAMILIES = ("base", "runner", "overrides", "probes", "validate", "report", "calibrate", "loadwatch")
+NOT_FAMILIES = ("base", "runner", "overrides", "swaps", "probes", "validate", "report", "calibrate", "loadwatch")
 
 
 def family(name: str, doc: str, *, table: str = "", analysis: Callable[[AnalysisContext], dict] | None = None,
@@ -115,6 +122,9 @@ def family(name: str, doc: str, *, table: str = "", analysis: Callable[[Analysis
     """Register a recipe as the family ``name``; ``table`` names the paper table it reproduces ("" = none);
     ``samples`` is the default samples per arm of ``studies.ablate`` for it."""
     def decorator(fn: Callable[[FamilyContext], list[Arm]]):
+        if plugins.loading() and not _LOADING_BUILTINS:  # built-ins first: a plugin taking a built-in name fails
+            _load_builtin_families()
+        plugins.note_registration("family", name)
         if name in FAMILIES and FAMILIES[name][0] is not fn:
             raise ValueError(f"ablation family {name!r} already defined")
         FAMILIES[name] = (fn, doc)
@@ -124,7 +134,25 @@ def family(name: str, doc: str, *, table: str = "", analysis: Callable[[Analysis
     return decorator
 
 
+_LOADING_BUILTINS: list[bool] = []
+
+
 def _load_all() -> None:
+    _load_builtin_families()
+    plugins.load_plugins()  # families (and components, presets) of plugins: var_core.plugins
+
+
+def _load_builtin_families() -> None:
+    if _LOADING_BUILTINS:
+        return
+    _LOADING_BUILTINS.append(True)
+    try:
+        _import_family_modules()
+    finally:
+        _LOADING_BUILTINS.clear()
+
+
+def _import_family_modules() -> None:
     for module in FAMILY_MODULES:
         importlib.import_module(f"ablations.{module}")
     for info in pkgutil.iter_modules([str(Path(__file__).resolve().parent)]):  # families added in new files register too

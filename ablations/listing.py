@@ -14,6 +14,8 @@ import inspect
 import json
 from pathlib import Path
 
+from .model_key import model_schedule, study_model_key  # noqa: F401 - re-exported (ls models)
+
 LS_TOPICS = ("families", "components", "presets", "metrics", "models")
 
 
@@ -23,7 +25,7 @@ def families_lines() -> list[str]:
     lines = ["Ablation families (python -m studies.ablate FAMILY):"]
     for name in family_names():
         info = family_info(name)
-        lines.append(f"  {name:<11} {info.doc}")
+        lines.append(f"  {name:<11} {info.doc}{_origin('family', name)}")
         lines.append(f"  {'':<11} reproduces: {info.table or 'no paper table (beyond the papers)'}")
         try:
             arms = build_arms(name)
@@ -46,7 +48,7 @@ def components_lines() -> list[str]:
     for kind, registry in REGISTRIES.items():
         lines.append(f"  {kind}:")
         for name in registry.names():
-            lines.append(f"    {name:<20} {registry.summary(name)}")
+            lines.append(f"    {name:<20} {registry.summary(name)}{_origin(kind, name)}")
     return lines
 
 
@@ -56,10 +58,13 @@ def presets_lines() -> list[str]:
     from var_core.accel import presets
 
     resolved = getattr(presets, "resolved_settings", None)
+    from var_core.plugins import load_plugins
+
+    load_plugins()
     lines = ["Presets (python -m studies.ablate method runs them all):"]
     for name, fn in presets.PRESETS.items():
         doc = inspect.cleandoc(fn.__doc__ or "").splitlines() or [""]
-        lines.append(f"  {name}")
+        lines.append(f"  {name}{_origin('preset', name)}")
         lines += [f"      {line}".rstrip() for line in doc]
         if resolved is not None:
             try:
@@ -95,40 +100,6 @@ def _fixture(name: str):
     return {"official-tiny": (zoo.default_fixture_dir, "VARSCOPE_VAR_FIXTURE"),
             "official-infinity-tiny": (zoo.default_infinity_fixture_dir, "VARSCOPE_INFINITY_FIXTURE"),
             "official-hart-tiny": (zoo.default_hart_fixture_dir, "VARSCOPE_HART_FIXTURE")}.get(name)
-
-
-def model_schedule(name: str) -> tuple[tuple[int, int], ...] | None:
-    """``(h, w)`` of every scale of zoo entry ``name`` (``random:`` stripped), from its spec, the testbed card or the
-    fixture's ``config.json``; None when that file is not there."""
-    from var_core import zoo
-
-    base = name.removeprefix("random:")
-    spec = zoo.ZOO[base]
-    sides = None
-    if spec.var_config is not None:
-        sides = spec.var_config.patch_nums
-    elif zoo.is_testbed(base):
-        sides = ((_read_json(zoo.testbed_folder(base) / "testbed.json") or {}).get("var_config") or {}).get("patch_nums")
-    elif base == "official-tiny":
-        config = _read_json(zoo.default_fixture_dir() / "config.json") or {}
-        sides = (config.get("build_vae_var_kwargs") or {}).get("patch_nums")
-    elif spec.family == "infinity":
-        inf = zoo.INFINITY_SPECS[base]
-        if inf.config is not None:
-            from var_core.models.infinity import scale_schedule
-
-            return tuple(tuple(int(v) for v in hw) for hw in scale_schedule(inf.pn, 1.0, inf.num_scales))
-        config = _read_json(zoo.default_infinity_fixture_dir() / "config.json") or {}
-        hws = config.get("scale_schedule")
-        return tuple((int(s[-2]), int(s[-1])) for s in hws) if hws else None
-    elif spec.family == "hart":
-        cfg = zoo.HART_SPECS[base].config
-        if cfg is not None:
-            sides = cfg.patch_nums
-        else:
-            config = _read_json(zoo.default_hart_fixture_dir() / "config.json") or {}
-            sides = (config.get("llm_config") or {}).get("patch_nums")
-    return tuple((int(p), int(p)) for p in sides) if sides else None
 
 
 def model_weights(name: str) -> str:
@@ -203,6 +174,29 @@ def models_lines(width: int = 118) -> list[str]:
     return lines
 
 
+def _origin(kind: str, name: str) -> str:
+    """`` [plugin LABEL]`` for an entry a plugin registered (var_core.plugins), else ``''`` (built-in)."""
+    from var_core.plugins import origin
+
+    where = origin(kind, name)
+    return "" if where == "built-in" else f"  [{where}]"
+
+
+def plugins_lines() -> list[str]:
+    """The plugin modules loaded (entry points ``varscope.plugins``, ``--plugins`` / ``$VARSCOPE_PLUGINS``)."""
+    from var_core.plugins import load_plugins
+
+    loaded = load_plugins()
+    if not loaded:
+        return ["Plugins: none loaded (every entry below is built-in)"]
+    lines = ["Plugins loaded (entries they registered are marked [plugin NAME]; the others are built-in):"]
+    for p in loaded:
+        version = f" {p['distribution']} {p['version']}" if p.get("version") else ""
+        lines.append(f"  {p['name']:<20} {p['source']}{version}  module {p['module']}  sha256 {p['sha256'][:16]}  "
+                     f"{p.get('path') or ''}".rstrip())
+    return lines
+
+
 def listing(topic: str | None = None, args=None) -> str:
     """The text of ``ls`` (every topic, a blank line between them) or ``ls TOPIC``; an unknown topic is a
     :class:`~var_core.errors.UserError` with a did-you-mean."""
@@ -212,7 +206,14 @@ def listing(topic: str | None = None, args=None) -> str:
         raise UserError(f"unknown ls topic {topic!r}.{did_you_mean(topic, LS_TOPICS)} Topics: {', '.join(LS_TOPICS)}")
     makers = {"families": families_lines, "components": components_lines, "presets": presets_lines,
               "metrics": lambda: metrics_lines(args), "models": models_lines}
-    return "\n\n".join("\n".join(makers[t]()) for t in LS_TOPICS if topic in (None, t))
+    text = "\n\n".join("\n".join(makers[t]()) for t in LS_TOPICS if topic in (None, t))
+    return "\n".join(plugins_lines()) + "\n\n" + text if topic is None or load_plugins_any() else text
+
+
+def load_plugins_any() -> bool:
+    from var_core.plugins import load_plugins
+
+    return bool(load_plugins())
 
 
 # ----- the summary of a finished study ---------------------------------------------------------------------------

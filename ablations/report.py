@@ -22,6 +22,8 @@ from var_core.eval import records as rec
 from var_core.eval.lightning import TIMED_REGION
 from var_core.eval.stats import format_summary, holm_adjust
 
+from var_core.eval.activity import activity_lines
+
 from .loadwatch import FLAG_MARK, IDENTICAL_MARK, is_identical, sequential_marks, table_footnotes
 
 __all__ = ["table_frame", "write_table", "write_plots", "write_overview_grid", "log_wandb", "write_report",
@@ -559,6 +561,7 @@ def write_table(out_dir: Path, records: list[dict], unavailable: list, plan=None
     doc.extend(lines)
     doc.append("")
     doc.extend(table_footnotes(records))
+    doc.extend(activity_lines(records))  # how often each component acted, and which never did (issue 31)
     protocols = sorted({str(r["metrics"].get("set_level", {}).get(name, {}).get("protocol"))
                         for r in records for name in ("fid_inception", "kid_inception", "is_inception")
                         if isinstance(r["metrics"].get("set_level", {}).get(name), dict)

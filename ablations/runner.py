@@ -51,11 +51,14 @@ from var_core.engine.precision import parameter_dtype, run_tag, study_precision
 from var_core.eval.distributed import Launch, RankChannel, resolve_accelerator, resolve_launch, started_ranks
 from var_core.eval.lightning import ConditionSet, GenerationRun, ResultFileError, run_generation
 from var_core.eval.metrics import MetricContext, compute_arm_metrics
+from var_core.eval.activity import activity
 from var_core.eval.reference import protocol_record
 from var_core.eval.stats import Summary, bootstrap_ci, paired_bootstrap_ratio, paired_wilcoxon
 
 from .base import Arm, FamilyContext, build_arms
+from .model_key import study_model_key
 from .overrides import apply_overrides, check_overrides_on_model, parse_overrides
+from .swaps import apply_swaps, extra_arms
 from .loadwatch import LoadProbe, load_summary
 from .probes import ProfilerProbe
 from .results_folder import (  # noqa: F401 - the results folder's format and guarantees (LOCK_NAME ... re-exported)
@@ -86,6 +89,8 @@ class StudyOptions:
     strategy: str = "auto"
     wandb: str = "offline"  # offline | online | disabled
     overrides: tuple[str, ...] = ()
+    swaps: tuple[str, ...] = ()  # --swap KIND=NAME[:k=v,...] on every non-baseline arm (ablations.swaps)
+    extra_arms: tuple[str, ...] = ()  # --extra-arm NAME=PRESET[+EDIT...]: arms added to the family (ablations.swaps)
     method: str = "nova"  # base of the 'options' family
     warmup: int = 1
     progress: bool = True
@@ -367,6 +372,10 @@ def default_out_dir(options: StudyOptions, model: str) -> Path:
     tag += f"_{rec.arm_slug(model.replace(':', '-'))}_n{options.samples}_seed{options.seed}"
     if options.overrides:
         tag += "_set-" + hashlib.sha1(" ".join(sorted(options.overrides)).encode()).hexdigest()[:8]
+    edits = [f"swap {s}" for s in getattr(options, "swaps", ())] + [f"extra {e}" for e in getattr(options, "extra_arms",
+                                                                                                   ())]
+    if edits:  # --swap / --extra-arm (order matters for swaps: not sorted)
+        tag += "_arms-" + hashlib.sha1("\n".join(edits).encode()).hexdigest()[:8]
     if getattr(options, "prompts", None):
         tag += "_prompts-" + rec.arm_slug(Path(options.prompts).stem)
     given = sampling_overrides(options)
@@ -395,7 +404,11 @@ def plan_study(options: StudyOptions) -> StudyPlan:
         raise ValueError(f"--batch-size must be >= 1, got {options.batch_size}")
     if options.wandb not in ("offline", "online", "disabled"):
         raise ValueError(f"--wandb must be offline, online or disabled, got {options.wandb!r}")
-    arms = build_arms(options.family, FamilyContext(method=options.method))
+    model, weights, notes = resolve_model(options.model, options.weights)
+    arms = build_arms(options.family, FamilyContext(method=options.method, model=study_model_key(model),
+                                                    model_name=model))
+    arms = extra_arms(arms, getattr(options, "extra_arms", ()))  # ablations.swaps: --extra-arm, then --swap
+    arms = apply_swaps(arms, getattr(options, "swaps", ()))
     arms = apply_overrides(arms, parse_overrides(list(options.overrides)))
     if options.arms:
         wanted = set(options.arms)
@@ -404,7 +417,6 @@ def plan_study(options: StudyOptions) -> StudyPlan:
             raise ValueError(f"unknown arm(s) {sorted(unknown)}; arms of {options.family}: "
                              f"{', '.join(a.name for a in arms)}")
         arms = [a for a in arms if a.role == "baseline" or a.name in wanted]
-    model, weights, notes = resolve_model(options.model, options.weights)
     if options.prompts is not None:
         # a bad prompt file fails here, before any model is loaded
         load_prompts(options.prompts, options.prompts_rewritten)
@@ -536,6 +548,8 @@ def _arm_record(config: rec.RunConfig, arm: Arm, run: GenerationRun, metrics, ad
         "history_first_batch": run.batches[0].get("history") if run.batches else None,
     }
     record["metrics_info"] = metrics.info  # per metric: direction, proxy, weights path + sha256, state
+    record["activity"] = activity(run.batches, run.activation_scale, adapter.scale_hw,  # how often each part acted
+                                  None if config.plain_loop else config.policy.to_dict())
     summary = _summaries(per_sample, plan.options.seed)
     summary.update(metrics.set_level)
     summary["ms_per_image"] = record["timing"]["ms_per_image"]

@@ -64,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="typed override applied to every non-baseline arm, e.g. --set schedule.tau=0.7, "
                              "--set granularity=branch (repeatable)")
+    parser.add_argument("--swap", dest="swaps", action="append", default=[], metavar="KIND=NAME[:K=V,...]",
+                        help="replace a component of every non-baseline arm, e.g. --swap scorer=entropy:source=lens "
+                             "(repeatable; ablations.swaps)")
+    parser.add_argument("--extra-arm", dest="extra_arms", action="append", default=[],
+                        metavar="NAME=PRESET[+EDIT...]", help="add an arm to the family: a preset, then edits "
+                        "KIND=COMPONENT[:K=V,...] or KEY=VALUE joined by '+', e.g. mine=nova+scorer=entropy")
+    parser.add_argument("--plugins", action="append", default=[], metavar="PATH",
+                        help="a .py file or folder of plugins (components, presets, families) to load; also "
+                             "$VARSCOPE_PLUGINS and installed 'varscope.plugins' entry points (var_core.plugins)")
     parser.add_argument("--method", default="nova", type=preset_name,
                         help="base method of the 'options' family (default nova)")
     parser.add_argument("--arms", default=None, help="comma-separated arm names to run (baseline always runs)")
@@ -155,7 +164,7 @@ def cmd_family(args) -> int:
         family=args.command, model=args.model, weights=args.weights, samples=default_samples(args),
         batch_size=args.batch_size, seed=args.seed, out=args.out, accelerator=args.accelerator,
         devices=args.devices, num_nodes=args.num_nodes, strategy=args.strategy, wandb=wandb_mode,
-        overrides=tuple(args.overrides),
+        overrides=tuple(args.overrides), swaps=tuple(args.swaps), extra_arms=tuple(args.extra_arms),
         method=args.method, warmup=args.warmup, progress=not args.no_progress, precision=launch_precision(args),
         arms=tuple(a.strip() for a in args.arms.split(",")) if args.arms else None,
         inception_weights=args.inception_weights, clip_weights=args.clip_weights, classifier=args.classifier,
@@ -182,6 +191,9 @@ def cmd_family(args) -> int:
 
 
 def main(argv=None) -> int:
+    from var_core.plugins import take_plugin_args
+
+    argv = take_plugin_args(list(sys.argv[1:] if argv is None else argv))  # before parsing: --method may name one
     parser = build_parser()
     args = parse_with_config(parser, argv)  # --config FILE (flags override it)
     if args.print_config:  # the resolved study as YAML: --config of it runs the same study

@@ -84,6 +84,9 @@ def unknown_command(word: str) -> UserError:
 def dispatch(argv: list[str] | None = None) -> int:
     """Run ``argv[0]``'s study with the other words (``help`` / ``-h`` / ``--help`` / nothing: the command list)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from var_core.plugins import take_plugin_args
+
+    argv = take_plugin_args(argv)  # --plugins PATH, any command: into $VARSCOPE_PLUGINS (var_core.plugins)
     if argv and argv[0] in ("--version", "-V"):
         print(f"varscope {version()}")
         return 0

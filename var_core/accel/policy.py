@@ -242,7 +242,9 @@ class AccelPolicy(Policy):
         for part in self.parts.values():
             needs = needs | part.needs(ctx, signals)
         self.history.append(dict(scale=ctx.scale_index, prune=prune, active=int(active_B.sum()),
-                                 guidance=(decision.mode or ctx.guidance).value))
+                                 guidance=(decision.mode or ctx.guidance).value,
+                                 # per-sample guidance stops (a device copy, read after the generation: activity)
+                                 cond_only=None if decision.cond_only_B is None else decision.cond_only_B.clone()))
         return ScalePlan(
             guidance=decision.mode, prune=prune, attention_blocks=needs.attention_blocks,
             lens_blocks=needs.lens_blocks, observe_blocks=needs.block_io, observe_branches=needs.branch_outputs,

@@ -22,6 +22,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import plugins
 from ..errors import UserError, did_you_mean
 from .policy import COMPONENT_KINDS, PolicyConfig, component_config, set_per_model_resolver
 
@@ -75,6 +76,7 @@ def preset(name: str, *, per_model: bool = False):
     def decorator(fn: Callable[..., PolicyConfig]) -> Callable[..., PolicyConfig]:
         if name in PRESETS:
             raise ValueError(f"preset {name!r} already defined")
+        plugins.note_registration("preset", name)
         if not per_model:
             PRESETS[name] = fn
             return fn
@@ -96,6 +98,8 @@ def _unknown_preset(name: str) -> UnknownPresetError:
 
 
 def get_preset(name: str, **overrides) -> PolicyConfig:
+    if name not in PRESETS or plugins.pending():
+        plugins.load_plugins()  # a preset of a plugin (var_core.plugins)
     if name not in PRESETS:
         raise _unknown_preset(name)
     return PRESETS[name](**overrides)
@@ -607,3 +611,17 @@ def stagevar_sampled() -> PolicyConfig:
 
 
 set_per_model_resolver(resolve_config)
+
+
+def _load_preset_files() -> None:
+    """Presets in their own files: every module of ``var_core/accel/preset_files/`` is imported (after the presets
+    above, so a duplicate name is refused), as components are discovered one file each."""
+    import importlib
+    import pkgutil
+
+    preset_files = importlib.import_module(f"{__package__}.preset_files")
+    for module in pkgutil.iter_modules(preset_files.__path__):
+        importlib.import_module(f"{preset_files.__name__}.{module.name}")
+
+
+_load_preset_files()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 
+from .. import plugins
 from ..errors import UserError
 import importlib
 import pkgutil
@@ -25,9 +26,12 @@ class Registry:
         self._package = package  # components live one file each in this package; imported on first use
         self._items: dict[str, type] = {}
         self._loaded = False
+        self._builtin_loaded = False
 
     def register(self, name: str) -> Callable[[type], type]:
         def decorator(cls: type) -> type:
+            if plugins.loading():  # built-ins first, so a plugin taking a built-in name is refused here
+                self._load_builtin()
             if name in self._items and self._items[name] is not cls:
                 raise ValueError(f"{self.kind} {name!r} is already registered by {self._items[name].__qualname__}")
             cls.name = name
@@ -35,16 +39,25 @@ class Registry:
             cls.Config.component_name = name
             cls.Config.component_kind = self.kind
             self._items[name] = cls
+            plugins.note_registration(self.kind, name)
             return cls
 
         return decorator
 
-    def _load(self) -> None:
-        if not self._loaded:
-            self._loaded = True
+    def _load_builtin(self) -> None:
+        if not self._builtin_loaded:
+            self._builtin_loaded = True
             package = importlib.import_module(self._package)
             for module in pkgutil.iter_modules(package.__path__):
                 importlib.import_module(f"{self._package}.{module.name}")
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            self._load_builtin()
+            plugins.load_plugins()  # outside components (var_core.plugins): entry points, --plugins paths
+        elif plugins.pending():
+            plugins.load_plugins()
 
     def get(self, name: str) -> type:
         self._load()

@@ -324,6 +324,11 @@ class RunConfig:
                  if getattr(self, name)}
         if given:  # other checkpoints at the same paths are other weights: their records are not reused
             key["weights_fingerprint"] = {name: weights_fingerprint(value) for name, value in given.items()}
+        from ..plugins import loaded_plugins
+
+        plugins = loaded_plugins()
+        if plugins:  # outside code (var_core.plugins): an edited plugin file is another run (only when loaded)
+            key["plugins"] = sorted(f"{p['name']}={p['version'] or ''}:{p['sha256']}" for p in plugins)
         return key
 
 
@@ -369,7 +374,14 @@ def new_record(config: RunConfig) -> dict:
         "environment": {}, "timing": {"batch_size": config.batch_size, "warmup_generations": config.warmup,
                                       "timed_region": TIMED_REGION},
         "metrics": {}, "summary": {}, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "plugins": _plugins(),  # each plugin module loaded (var_core.plugins): name, source, version, sha256
     }
+
+
+def _plugins() -> list[dict]:
+    from ..plugins import loaded_plugins
+
+    return loaded_plugins()
 
 
 def run_key_tag(record: dict) -> str:

@@ -25,6 +25,20 @@ def ratio_for_width(ratios: tuple[float, ...], widths: tuple[int, ...], width: i
     return 0.0
 
 
+def check_table_widths(knob_name: str, widths, info) -> None:
+    """Raise ``ValueError`` naming ``knob_name`` and the model when ``widths`` names a token-map width that the
+    model's schedule (``info.scale_hw``) passes over without having it (issue 31: no silent reinterpretation)."""
+    if not widths:
+        return
+    have = [int(hw[1]) for hw in info.scale_hw]
+    missing = [int(w) for w in widths if int(w) not in have and int(w) < max(have)]
+    if missing:
+        raise ValueError(f"{knob_name}={tuple(widths)} names width(s) {missing} that the {info.family} model in hand "
+                         f"({len(have)} scales, {info.num_blocks} blocks; widths {have}) does not have: the table was "
+                         f"made for another model; give this model's widths (or ratios aligned to the last scales, "
+                         f"widths=())")
+
+
 @SCHEDULES.register("fixed_table")
 class FixedTable(Schedule):
     """FastVAR: remove ``floor(r·N)`` tokens at the scales of a fixed table; a ratio of 1.0 leaves the scale out.
@@ -56,6 +70,13 @@ class FixedTable(Schedule):
             if self.widths and len(self.widths) != len(self.ratios):
                 raise ValueError(f"schedule 'fixed_table': widths={self.widths} has {len(self.widths)} entries but "
                                  f"ratios={self.ratios} has {len(self.ratios)}: give one ratio per width")
+
+    def check_model(self, info) -> None:
+        """A width-keyed table must name this model's token-map widths: a width the schedule passes without
+        having (VAR's 13 on Infinity or HART) means the table was made for another model, and is refused rather
+        than reinterpreted. Widths beyond the model's largest are allowed (not reached: a smaller resolution of
+        the same model, which the released FastVAR leaves dense too)."""
+        check_table_widths("schedule.widths", self.config.widths, info)
 
     def ratio(self, ctx) -> float:
         """The removal ratio of the scale ``ctx`` describes."""

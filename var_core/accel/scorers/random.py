@@ -15,6 +15,8 @@ from ..registry import SCORERS
 class RandomScorer(Scorer):
     """Uniformly random importance per token (control). Knob: ``seed``; draws depend on (seed, scale, block)."""
 
+    input_independent = True  # a control: the same scores for every sample by design (var_core.accel.contract)
+
     @dataclass(frozen=True)
     class Config(ComponentConfig):
         seed: int = knob(0, "seed of the score draws (each sample also mixes in its batch position: see docstring)",
