@@ -53,6 +53,9 @@ def origin(kind: str, name: str) -> str:
 
 
 def _sha256_of(paths: list[Path]) -> str:
+    """The file's sha256 (``sha256sum``); for a package, the sha256 of its files' names and contents in order."""
+    if len(paths) == 1:
+        return hashlib.sha256(paths[0].read_bytes()).hexdigest()
     digest = hashlib.sha256()
     for path in sorted(paths):
         digest.update(path.name.encode() + b"\0")
