@@ -124,7 +124,7 @@ def family(name: str, doc: str, *, table: str = "", analysis: Callable[[Analysis
     def decorator(fn: Callable[[FamilyContext], list[Arm]]):
         if plugins.loading() and not _LOADING_BUILTINS:  # built-ins first: a plugin taking a built-in name fails
             _load_builtin_families()
-        plugins.note_registration("family", name)
+        plugins.note_registration("family", name, fn.__module__)
         if name in FAMILIES and FAMILIES[name][0] is not fn:
             raise ValueError(f"ablation family {name!r} already defined")
         FAMILIES[name] = (fn, doc)

@@ -40,8 +40,15 @@ class PluginError(UserError):
     """A plugin that cannot be found or imported (a user error: one line, exit 2)."""
 
 
-def note_registration(kind: str, name: str) -> None:
-    """Called by the registries' decorators: remember which plugin (if any) is registering ``name``."""
+BUILT_IN_PACKAGES = ("var_core", "ablations", "sweeps", "studies", "profilers")
+
+
+def note_registration(kind: str, name: str, module: str | None = None) -> None:
+    """Called by the registries' decorators: remember which plugin (if any) is registering ``name``. ``module``:
+    where the registered object is defined; the project's own modules are built-in even when a plugin's import
+    triggered their loading."""
+    if module is not None and module.split(".")[0] in BUILT_IN_PACKAGES:
+        return
     if _CURRENT:
         _ORIGINS[(kind, name)] = _CURRENT[-1]
 

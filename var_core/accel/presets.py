@@ -76,7 +76,7 @@ def preset(name: str, *, per_model: bool = False):
     def decorator(fn: Callable[..., PolicyConfig]) -> Callable[..., PolicyConfig]:
         if name in PRESETS:
             raise ValueError(f"preset {name!r} already defined")
-        plugins.note_registration("preset", name)
+        plugins.note_registration("preset", name, fn.__module__)
         if not per_model:
             PRESETS[name] = fn
             return fn

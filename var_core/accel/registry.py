@@ -39,7 +39,7 @@ class Registry:
             cls.Config.component_name = name
             cls.Config.component_kind = self.kind
             self._items[name] = cls
-            plugins.note_registration(self.kind, name)
+            plugins.note_registration(self.kind, name, cls.__module__)
             return cls
 
         return decorator

@@ -97,7 +97,8 @@ def _components(policy: dict | None, act: dict) -> tuple[dict, list[str]]:
         "scorer": pruned, "schedule": pruned or act["scales_skipped"] > 0,
         "restorer": act["restorer"]["hits"] > 0,
         "guidance": act["guidance_stopped"]["samples"] > 0,
-        "skip": act["scales_skipped"] > 0,
+        # a skipped scale is the skip component's unless it is "none" (then the schedule's 100 % ratio skipped it)
+        "skip": act["scales_skipped"] > 0 and (policy.get("skip") or {}).get("name") != "none",
     }
     components, inactive = {}, []
     for kind, did in acted.items():
