@@ -89,3 +89,31 @@ def test_width_tables_that_fit_are_accepted():
     # FastVAR's Infinity table on a 256 px Infinity schedule (widths up to 16): not reached, dense as in the code
     FixedTable(component_config("schedule", "fixed_table", widths=(32, 40, 48, 64), ratios=(0.4, 0.5, 1.0, 1.0))
                ).check_model(_info("infinity", INFINITY_1M[:7]))
+
+
+def test_recipes_receive_the_study_model(tmp_path):
+    """plan_study hands the recipe the model it will run (from the zoo spec / testbed card, nothing loaded)."""
+    import json
+
+    from ablations import base
+    from ablations.runner import StudyOptions, plan_study
+    from var_core import zoo
+    from var_core.accel.presets import ModelKey
+
+    seen = []
+
+    def recipe(ctx):
+        seen.append((ctx.model, ctx.model_name))
+        return [base.baseline_arm()]
+
+    base.family("test_model_key", "test only")(recipe)
+    try:
+        plan_study(StudyOptions(family="test_model_key", model="testbed", out=str(tmp_path / "x"), wandb="disabled"))
+        plan_study(StudyOptions(family="test_model_key", model="var-d16", out=str(tmp_path / "y"), wandb="disabled"))
+    finally:
+        base.FAMILIES.pop("test_model_key", None)
+        base.FAMILY_INFO.pop("test_model_key", None)
+    card = json.loads((zoo.testbed_folder("testbed") / "testbed.json").read_text())["var_config"]
+    assert seen[0] == (ModelKey("var", card["depth"], tuple((p, p) for p in card["patch_nums"])), "testbed")
+    assert seen[1] == (ModelKey("var", 16, ((1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (8, 8), (10, 10), (13, 13),
+                                            (16, 16))), "var-d16")
