@@ -97,8 +97,13 @@ class ProfilerProbe:
                     for (si, block), _ in getattr(getattr(policy, "signals", None), "attention_entropy",
                                                   {}).items():
                         attention_blocks.setdefault(si, []).append(block)
-                    report = analytic_memory(adapter, result.records, batch_size,
-                                             eager_attention=attention_blocks or None)
+                    if getattr(result, "refiner", None) is not None:  # two models (engine.switch: CoDe)
+                        from profilers.memory import two_model_memory
+
+                        report = two_model_memory(adapter, result, batch_size, attention_blocks or None)
+                    else:
+                        report = analytic_memory(adapter, result.records, batch_size,
+                                                 eager_attention=attention_blocks or None)
                     out["peak_memory_bytes"] = int(report.peak_bytes)
                     out["memory_source"] = "analytic"
             except Exception as exc:  # noqa: BLE001

@@ -54,6 +54,7 @@ from var_core.eval.metrics import MetricContext, compute_arm_metrics
 from var_core.eval.activity import activity
 from var_core.eval.reference import protocol_record
 from var_core.eval.stats import Summary, bootstrap_ci, paired_bootstrap_ratio, paired_wilcoxon
+from var_core.eval.twomodel import check_refiner_override
 
 from .base import Arm, FamilyContext, build_arms
 from .model_key import study_model_key
@@ -666,6 +667,7 @@ def _check_arms_on_model(available: list[Arm], unavailable: list[Arm], adapter, 
     A per-model preset's arm gets the config resolved for this model (what runs, and what its record hashes)."""
     from var_core.accel import build_policy
     from var_core.engine.loop import generation_info
+    from var_core.eval.twomodel import model_switch_for
 
     info = generation_info(adapter, 1, adapter.initial_guidance(sampling), sampling=sampling)
     fit, unfit = [], []
@@ -675,6 +677,8 @@ def _check_arms_on_model(available: list[Arm], unavailable: list[Arm], adapter, 
             if policy is not None and hasattr(policy, "check_model"):
                 policy.check_model(info)
                 arm = dataclasses.replace(arm, config=getattr(policy, "config", arm.config))
+            if policy is not None:  # a second model (engine.switch) must share this model's tokenizer
+                model_switch_for(arm.config, adapter)
             fit.append(arm)
         except ValueError as exc:
             unfit.append(dataclasses.replace(arm, error=f"cannot run on {model}: {exc}"))
@@ -767,6 +771,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
     sampling = resolve_sampling(adapter, plan.model, plan.weights, sampling_overrides(options))
     # a --set scale / block beyond this model is the user's mistake: an error, not a skipped or baseline-like arm
     check_overrides_on_model(available, options.overrides, adapter.num_scales, adapter.num_blocks, plan.model)
+    check_refiner_override(available, options.overrides, adapter)  # --set refiner=ENTRY must share the tokenizer
     available, unavailable = _check_arms_on_model(available, unavailable, adapter, sampling, plan.model, log)
     prompt_set = load_prompts(options.prompts, options.prompts_rewritten)
     image_root = images_root(options.save_images, out_dir)
@@ -1085,6 +1090,9 @@ def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampl
     if threads is not None:
         torch.set_num_threads(threads)
     policies = {a.name: (Policy() if a.role == "baseline" else build_policy(a.config)) for a in arms}
+    from var_core.eval.twomodel import model_switch_for
+
+    switches = {a.name: (None if a.role == "baseline" else model_switch_for(a.config, adapter)) for a in arms}
 
     def sync():
         if adapter.device.type == "cuda":
@@ -1093,7 +1101,8 @@ def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampl
     times: dict[str, list[float]] = {a.name: [] for a in arms}
     try:
         for a in arms:  # warm-up at this batch size (new shapes), untimed
-            generate(adapter, labels, seeds=seeds, sampling=sampling, policy=policies[a.name], options=options)
+            generate(adapter, labels, seeds=seeds, sampling=sampling, policy=policies[a.name], options=options,
+                     switch=switches[a.name])
         for r in range(rounds):
             order = arms[r % len(arms):] + arms[:r % len(arms)]
             for a in order:
@@ -1101,7 +1110,7 @@ def interleaved_timing(adapter, arms: list[Arm], conditions: ConditionSet, sampl
                 t0 = time.perf_counter_ns()
                 with torch.inference_mode():  # no autograd bookkeeping in the timed region (issue 27)
                     generate(adapter, labels, seeds=seeds, sampling=sampling, policy=policies[a.name],
-                             options=options)
+                             options=options, switch=switches[a.name])
                 sync()
                 times[a.name].append((time.perf_counter_ns() - t0) / 1e9)
     finally:

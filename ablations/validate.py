@@ -117,6 +117,7 @@ def _validate(families, *, model, weights, max_scales, overrides, method, sample
     done: dict[str, str | None] = {}  # config hash -> error (None: fine)
     unfit: dict[str, str] = {}  # config hash -> why check_model refuses the model
     from var_core.engine.loop import generation_info
+    from var_core.eval.twomodel import model_switch_for
 
     info = generation_info(adapter, samples, adapter.initial_guidance(sampling), sampling=sampling)
     parsed = parse_overrides(list(overrides))
@@ -143,13 +144,14 @@ def _validate(families, *, model, weights, max_scales, overrides, method, sample
                     policy = build_policy(arm.config)
                     try:  # the runner's pre-flight: a model this arm is not for is not an error of the arm
                         policy.check_model(info)
+                        switch = model_switch_for(policy.config, adapter)  # a second model: same tokenizer
                     except ValueError as exc:
                         unfit[key] = str(exc)
                         raise
                     if max_scales is not None:
                         policy = StopAfter(policy, max_scales)
                     result = generate(adapter, labels, seeds=seeds, sampling=sampling, policy=policy,
-                                      options=options)
+                                      options=options, switch=switch)
                     if not result.records:
                         raise RuntimeError("no scale was generated")
                     done[key] = None

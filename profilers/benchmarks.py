@@ -267,12 +267,15 @@ def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: i
     seeds = list(range(1000, 1000 + B))
     print(environment_line(adapter, B))
     info = generation_info(adapter, B, adapter.initial_guidance(sampling), sampling=sampling)
-    policies = {}
+    from var_core.eval.twomodel import model_switch_for
+
+    policies, switches = {}, {}
     for name in names:  # a preset that cannot run on this model (e.g. fastvar_toprovar off Infinity) is reported
         policy = build_policy(get_preset(name))
         try:
             if hasattr(policy, "check_model"):
                 policy.check_model(info)
+            switches[name] = model_switch_for(policy.config, adapter)  # CoDe's refiner (engine.switch)
         except ValueError as exc:
             print(f"# unavailable: {name}: {exc}")
             continue
@@ -282,7 +285,8 @@ def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: i
     flops, results, reports = {}, {}, {}
     for name, policy in policies.items():
         _progress(f"warm-up + FLOPs: {name}")
-        results[name] = generate(adapter, labels, seeds, sampling, policy=policy, options=options)
+        results[name] = generate(adapter, labels, seeds, sampling, policy=policy, options=options,
+                                 switch=switches[name])
         reports[name] = count_flops(adapter, results[name], batch_size=B)
         flops[name] = reports[name].total
     if roofline is None:
@@ -291,7 +295,8 @@ def bench_presets(adapter, sampling: SamplingConfig, batch_size: int, repeats: i
         roofline = calibrate_roofline((arch.embed_dim, arch.mlp_hidden), device=adapter.device)
     print(f"# {roofline.describe()}")
 
-    variants = {name: (lambda p=policy: generate(adapter, labels, seeds, sampling, policy=p, options=options))
+    variants = {name: (lambda p=policy, s=switches[name]: generate(adapter, labels, seeds, sampling, policy=p,
+                                                                   options=options, switch=s))
                 for name, policy in policies.items()}
     _progress(f"timing {len(variants)} presets x {repeats} interleaved repeats")
     times = interleaved_medians(variants, repeats, warmup=0, device=adapter.device)

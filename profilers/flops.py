@@ -602,10 +602,12 @@ def count_record_flops(
                     ops = {op: v if op in PADDED_OPS else per_token[op] for op, v in ops.items()}
                 if branch == "attn" and pairs is not None:  # ragged rows: the query-key pairs attention computed
                     ops.update(scores=2 * pairs * arch.embed_dim, pv=2 * pairs * arch.embed_dim)
-                report.add(si, block, branch, ops, R, n, L)
+                report.add(si, block, "prefill" if record.teacher_forced else branch, ops, R, n, L)
         for block, stats in enumerate(record.attention_stats_flops):
             if stats:  # what an observer's attention statistics cost (AttentionProbe.flops)
                 report.add(si, block, "attn_stats", {"qk": stats}, R, kept[block][attn_index or 0], kv_len[block])
+        if record.teacher_forced:  # a refiner's prefill pass (engine.switch): blocks only, no head, no sampling
+            continue
         lens = ([(block, R) for block in sorted(lens_blocks.get(si, ()))] if lens_blocks is not None
                 else record.lens_rows)
         for block, rows in lens:
@@ -642,7 +644,19 @@ def count_flops(adapter_or_arch, result, batch_size: int | None = None, include_
         )
     if batch_size is None:
         batch_size = int(result.latent.shape[0])
-    report = count_record_flops(arch, result.records, batch_size, initial_guidance, lens_blocks)
+    refiner = getattr(result, "refiner", None)
+    if refiner is None:
+        report = count_record_flops(arch, result.records, batch_size, initial_guidance, lens_blocks)
+    else:  # two models (engine.switch): the drafter's scales on its arch, the refiner's prefill + scales on its own
+        at = int(result.switch_scale)
+        arch_r = arch_from_adapter(refiner)
+        if arch.text_len:
+            arch_r = dataclasses.replace(arch_r, text_len=arch.text_len)
+        report = count_record_flops(arch, [r for r in result.records if r.scale_index < at], batch_size,
+                                    initial_guidance, lens_blocks)
+        report.rows.extend(count_record_flops(arch_r, [*result.prefill, *(r for r in result.records
+                                                                          if r.scale_index >= at)],
+                                              batch_size, initial_guidance, lens_blocks).rows)
     if include_decode:
         if isinstance(adapter_or_arch, ArchSpec):
             raise ValueError("include_decode needs the adapter (the decoder is measured, not derived)")

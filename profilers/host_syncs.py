@@ -237,8 +237,11 @@ def count_generation(adapter, preset: str | None = "baseline", batch_size: int =
     from var_core.engine.loop import GenerationOptions, generate
     from var_core.engine.sampling import SamplingConfig
 
+    from var_core.eval.twomodel import attach_model_switch  # a two-model preset runs with its refiner (CoDe)
+
     if policy is None:
-        policy = build_policy(get_preset(preset)) if preset and preset != "baseline" else None
+        policy = (attach_model_switch(build_policy(get_preset(preset)), adapter) if preset and preset != "baseline"
+                  else None)
     labels = torch.arange(batch_size) % adapter.cfg.num_classes
     seeds = list(range(seed, seed + batch_size))
     options = GenerationOptions(check_finite=check_finite, decode=decode)

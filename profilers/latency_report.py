@@ -343,7 +343,9 @@ def measure(adapter, methods: list[str], batch: int, settings: LatencySettings, 
     prompt_set = _prompt_set(settings)
     conditions = conditions_for(adapter, batch, settings.seed, prompt_set)
     seeds = list(range(settings.seed, settings.seed + batch))
-    policies = {name: build_policy(get_preset(name)) for name in methods}
+    from var_core.eval.twomodel import attach_model_switch  # a two-model preset's refiner (CoDe)
+
+    policies = {name: attach_model_switch(build_policy(get_preset(name)), adapter) for name in methods}
     runs = {name: MethodRun(name, batch) for name in methods}
     for name in methods:
         result = _reference_run(adapter, conditions, seeds, sampling, policies[name], options, device, batch,
@@ -498,7 +500,9 @@ def run_profile(adapter, method: str, batch: int, settings: LatencySettings, sam
     options = GenerationOptions(check_finite=False, decode=True, keep_raw_logits=True)
     conditions = conditions_for(adapter, batch, settings.seed, _prompt_set(settings))
     seeds = list(range(settings.seed, settings.seed + batch))
-    policy = build_policy(get_preset(method))
+    from var_core.eval.twomodel import attach_model_switch
+
+    policy = attach_model_switch(build_policy(get_preset(method)), adapter)
 
     def run(tracer):
         with _AdapterTracer(adapter, tracer):

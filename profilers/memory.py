@@ -277,6 +277,20 @@ def analytic_memory(
     return report
 
 
+def two_model_memory(drafter, result, batch_size: int, eager_attention=None) -> MemoryReport:
+    """Analytic memory of a generation that switched models (``var_core.engine.switch``, CoDe): the drafter's scales
+    on its architecture, the refiner's prefill and scales on its own (the drafter's KV cache is released at the
+    switch, the refiner's starts with the prefilled scales); both models' weights stay resident throughout."""
+    refiner, at = result.refiner, int(result.switch_scale)
+    weights = sum(weight_bytes(m) for a in (drafter, refiner) for m in (getattr(a, "var", None), getattr(a, "vae", None))
+                  if m is not None)
+    first = analytic_memory(drafter, [r for r in result.records if r.scale_index < at], batch_size,
+                            eager_attention=eager_attention, weights=weights)
+    second = analytic_memory(refiner, [*result.prefill, *(r for r in result.records if r.scale_index >= at)],
+                             batch_size, eager_attention=eager_attention, weights=weights)
+    return MemoryReport(scales=first.scales + second.scales, weight_bytes=weights)
+
+
 def hart_weight_bytes(adapter) -> dict[str, int]:
     """HART's weights by part: the transformer without its diffusion head, the diffusion head, the tokenizer."""
     model = adapter.model

@@ -133,6 +133,10 @@ EXPECTED_SPACES = {
         ("restorer.interpolation", "categorical", None, None, False, ("area", "bilinear", "nearest"), "area"),
         ("guidance.count", "int", 1, 4, False, None, 3),
     ],
+    "code": [],  # its knobs (refiner, switch_scale) are the policy's, not a component's: --set, no search space
+    "stepvar": [
+        ("scorer.structure_weight", "float", 0.0, 4.0, False, None, 1.0),
+    ],
 }
 
 

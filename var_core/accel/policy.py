@@ -39,6 +39,13 @@ def _default(kind: str, name: str):
     return field(default_factory=lambda: component_config(kind, name))
 
 
+def _unhashed_default(default, doc: str, **kw):
+    """A knob left out of ``to_dict`` (so of every config hash) while it holds its default: adding it to
+    :class:`PolicyConfig` changed no existing hash."""
+    spec = knob(default, doc, **kw)
+    return field(default=default, metadata={**spec.metadata, "omit_default": True})
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """A whole acceleration method. ``name`` is a label only; behaviour comes from the fields."""
@@ -77,6 +84,16 @@ class PolicyConfig:
                           "schedule) this config is resolved to when a generation starts (presets.resolve_config): "
                           "values you changed from that preset's generic config are kept. '' = run as given")
 
+    # the second-model seam (engine.switch): CoDe's drafter -> refiner hand-over
+    refiner: str = _unhashed_default("", "zoo entry of a second model that takes the generation over at "
+                                     "switch_scale, prefilling its KV cache from the scales generated so far "
+                                     "(engine.switch; CoDe's refiner, e.g. testbed-small or var-d16); it must share "
+                                     "the model's tokenizer. '' = one model")
+    switch_scale: int = _unhashed_default(0, "index of the first scale the refiner generates (CoDe's draft steps "
+                                          "N: scales 0..N-1 on the model, N.. on the refiner); 0 = the refiner "
+                                          "alone, >= the model's scales = the model alone; read only with refiner",
+                                          low=0)
+
     def __post_init__(self) -> None:
         for kind in COMPONENT_KINDS:
             value = getattr(self, kind)
@@ -95,6 +112,8 @@ class PolicyConfig:
             value = getattr(self, f.name)
             if f.name in COMPONENT_KINDS:
                 out[f.name] = value.to_dict()
+            elif f.metadata.get("omit_default") and value == f.default:
+                continue
             elif f.name != "name":
                 out[f.name] = value
         return out

@@ -610,6 +610,44 @@ def stagevar_sampled() -> PolicyConfig:
     return _stagevar_sampled_tokens("stagevar_sampled")
 
 
+@preset("code")
+def code() -> PolicyConfig:
+    """CoDe, training-free (arXiv 2411.17787, CVPR 2025; code ``czg1225/CoDe``, ``infer_CoDe.py --training_free``):
+    a large drafter generates the first N scales, a small refiner sharing its VQVAE the rest (engine.switch).
+
+    Knobs that matter: ``refiner`` (a zoo entry) and ``switch_scale`` (N, the drafter's "draft steps").
+    FOUND(code): the pair VAR-d30 -> VAR-d16 (the official checkpoints, no fine-tuning in the training-free mode),
+    N = 8 of VAR-256's 10 scales (the README's default and its 1.7x / FID 1.98 row; N = 6 is its 2.9x point), the
+    refiner prefilling its cache over the drafted scales (one block-causal pass in the code; scale by scale here,
+    the same attention). Ours: the generic config names ``testbed-small`` (the testbed's depth-4 refiner: the
+    testbeds share one VQVAE and VAR-256's 10 scales, so N = 8 carries over unchanged); for VAR-d30 run
+    ``--set refiner=var-d16``. The code's sampling (cfg 4, top-k 600, top-p 0.95, temperature 1.1 on the first 7
+    scales) is the study's ``--cfg/--top-k/--top-p``, not part of this config. The refiner continues the drafter's
+    random streams (the code reseeds and draws the skipped scales again to reach the same stream position)."""
+    return PolicyConfig(name="code", refiner="testbed-small", switch_scale=8)
+
+
+@preset("stepvar")
+def stepvar() -> PolicyConfig:
+    """StepVAR (arXiv 2603.01757; FOUND(secondary write-up), code unreleased): tokens ranked by structure (|projection
+    on the first principal component|) plus texture (3x3 high-pass energy), selected once per block at the last
+    scales; a pruned position takes the output of its nearest kept token of the same scale (restorer ``nearest``).
+
+    Knobs that matter: ``scorer.structure_weight`` (w_str) and ``schedule.ratios``. RECONSTRUCTED: the pruned scales
+    and ratios (the write-up reports 1.4x on HART without a table; ours: the last two scales, 0.4 / 0.5 removed, as
+    our VAR mapping of FastVAR, so the two scorers compare at equal token counts), w_str = 1 and the scorer's
+    other options (see ``structure_texture``), the conditional row's selection shared by both CFG halves."""
+    return PolicyConfig(
+        name="stepvar",
+        scorer=_c("scorer", "structure_texture"),
+        activation=_c("activation", "fixed", start_scale=-2),
+        schedule=_c("schedule", "fixed_table", ratios=(0.4, 0.5)),
+        restorer=_c("restorer", "nearest"),
+        cfg_rows="shared",
+        granularity="block",
+    )
+
+
 set_per_model_resolver(resolve_config)
 
 

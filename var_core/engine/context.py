@@ -70,6 +70,9 @@ class ScaleRecord:
     # ((grid scale j, [B, 3, h_j·f, w_j·f] in [0, 1]), ...): the accumulated latent resized to scale j's latent grid
     # and decoded, one per scale the plan named in ScalePlan.preview_scales (ModelAdapter.decode_preview)
     previews_B3HW: tuple[tuple[int, torch.Tensor], ...] = ()
+    # a refiner's teacher-forced prefill pass over a scale another model generated (engine.switch): its blocks ran
+    # on every token and cached their keys; no head, no sampling (``GenerationResult.prefill``)
+    teacher_forced: bool = False
 
 
 @dataclass(frozen=True)

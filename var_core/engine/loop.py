@@ -8,6 +8,7 @@ field to :class:`~var_core.engine.context.ScalePlan`), not a branch on a method 
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -20,6 +21,7 @@ from .packing import copy_padding_outputs, padding_sources
 from .policy import Policy, ProjectedTokens, TokenSelection, gather_tokens
 from .precision import under_precision
 from .sampling import SamplingConfig
+from .switch import ModelSwitch, check_shared_tokenizer
 from .tracing import NULL_TRACER, Tracer
 
 
@@ -36,6 +38,11 @@ class GenerationResult:
     latent: torch.Tensor  # the accumulated f_hat (VAR) / summed codes (Infinity)
     stopped_at: int | None = None  # index of the first scale not generated when a policy stopped early
     context_length: int | None = None  # cross-attention context length (Infinity: padded text tokens), for FLOPs
+    # second-model seam (engine.switch): the adapter that ran scales >= switch_scale, and its teacher-forced prefill
+    # passes over the earlier scales (ScaleRecord.teacher_forced); None / () for a one-model generation
+    refiner: ModelAdapter | None = None
+    switch_scale: int | None = None
+    prefill: tuple[ScaleRecord, ...] = ()
 
     @property
     def tokens(self) -> list[torch.Tensor | None]:
@@ -93,6 +100,7 @@ def generate(
     tracer: Tracer = NULL_TRACER,
     options: GenerationOptions = GenerationOptions(),
     shared_generator: torch.Generator | None = None,
+    switch: ModelSwitch | None = None,
 ) -> GenerationResult:
     """Generate one batch.
 
@@ -104,22 +112,45 @@ def generate(
             Either way the policy is told (``GenerationInfo.shared_generator``), so a component that draws can
             follow the official codes too (e.g. from the global generator, in their order).
         policy: the acceleration policy; ``None`` runs the plain algorithm.
+        switch: hand the generation to a second model (same tokenizer) at a scale (:mod:`var_core.engine.switch`);
+            scales from ``switch.at_scale`` on run on ``switch.adapter``, which first prefills its own KV cache over
+            the scales already generated. The policy sees the running model's blocks in each ``ScaleContext``.
+            None: the policy's ``model_switch`` attribute if it has one (``var_core.eval.twomodel.attach_model_switch``).
     """
     policy = policy if policy is not None else Policy()
-    state = adapter.begin(conditions, policy.initial_guidance(adapter.initial_guidance(sampling)), sampling)
+    switch = switch if switch is not None else getattr(policy, "model_switch", None)
+    if switch is not None:
+        check_shared_tokenizer(adapter, switch.adapter)
+        if switch.at_scale == 0:  # the refiner alone
+            adapter = switch.adapter
+        elif switch.at_scale >= adapter.num_scales:  # the drafter alone
+            switch = None
+    initial_guidance = policy.initial_guidance(adapter.initial_guidance(sampling))
+    state = adapter.begin(conditions, initial_guidance, sampling)
     B = state.batch_size
     generators = None if shared_generator is not None else _make_generators(seeds, B, adapter.device)
     guidance = state.guidance
     branches = adapter.branches
     offsets = adapter.token_offsets()
     records: list[ScaleRecord] = []
+    prefill: tuple[ScaleRecord, ...] = ()
     stopped_at = None
     policy.start(generation_info(adapter, B, guidance, tracer, sampling,
                                  shared_generator=shared_generator is not None or seeds is None))
+    layout = "packed" if options.ragged_attention == "varlen" else "padded"
+    model_stack = ExitStack()  # the running model's KV cache (closed at a switch: the drafter's memory goes)
     try:
-        with adapter.kv_cache() as cache:
-            cache.set_layout("packed" if options.ragged_attention == "varlen" else "padded")
+        with model_stack:
+            cache = model_stack.enter_context(adapter.kv_cache())
+            cache.set_layout(layout)
             for si, hw in enumerate(adapter.scale_hw):
+                if switch is not None and si == switch.at_scale:
+                    latent = adapter.latent(state)
+                    model_stack.close()
+                    adapter, state, cache, prefill = _hand_over(switch.adapter, conditions, initial_guidance,
+                                                                sampling, records, latent, model_stack, layout,
+                                                                tracer)
+                    branches, offsets = adapter.branches, adapter.token_offsets()
                 ctx = ScaleContext(si, adapter.num_scales, hw, offsets[si], B, guidance, adapter.num_blocks,
                                    branches, adapter.family, tuple(records))
                 plan: ScalePlan = policy.plan_scale(ctx)
@@ -151,7 +182,50 @@ def generate(
     finally:
         policy.end()
     return GenerationResult(images, tuple(records), adapter.latent(state), stopped_at,
-                            adapter.context_length(state))
+                            adapter.context_length(state), refiner=switch.adapter if switch is not None else None,
+                            switch_scale=switch.at_scale if switch is not None else None, prefill=prefill)
+
+
+def _hand_over(refiner: ModelAdapter, conditions, initial_guidance: GuidanceMode, sampling: SamplingConfig,
+               history: Sequence[ScaleRecord], latent: torch.Tensor, model_stack: ExitStack, layout: str,
+               tracer: Tracer):
+    """The refiner takes the generation over: it encodes the conditions with its own weights, opens its own KV cache,
+    prefills it by running every block over each generated scale's input (teacher forcing: the input of scale ``j``
+    is rebuilt from the residuals of scales ``< j`` exactly as the drafter built it), following the row layout the
+    drafter had at each scale (CFG rows dropped where it dropped them), then adopts the drafter's latent.
+
+    The prefill runs scale by scale through the same ``run_branch`` calls a dense scale makes, so its cache equals
+    the one the refiner would have built generating those tokens itself (bitwise on the CPU); CoDe's code runs it as
+    one block-causal pass fused with the first refined scale (the same attention, other kernel shapes)."""
+    state = refiner.begin(conditions, initial_guidance, sampling)
+    cache = model_stack.enter_context(refiner.kv_cache())
+    cache.set_layout(layout)
+    B = state.batch_size
+    guidance = state.guidance
+    done: list[ScaleRecord] = []
+    for record in history:
+        if record.guidance is not guidance:
+            rows = row_slice_after_drop(guidance, record.guidance, B)
+            cache.select_rows(rows)
+            refiner.select_rows(state, rows, record.guidance)
+            guidance = record.guidance
+        if record.skipped:
+            continue
+        si = record.scale_index
+        with tracer.span("prefill", si):
+            x_RNC = refiner.scale_input(state, si)
+            for block in range(refiner.num_blocks):
+                for branch in refiner.branches:
+                    out, _ = refiner.run_branch(state, si, block, branch, x_RNC, None, None, cache, False)
+                    if branch == "attn":
+                        cache.take_attention_pairs(block)
+                    x_RNC = x_RNC + out
+            refiner.replay_latent(state, si, record)
+        n = x_RNC.shape[1]
+        done.append(ScaleRecord(si, record.hw, skipped=False, guidance=guidance, teacher_forced=True,
+                                kept_tokens=tuple((n,) * len(refiner.branches) for _ in range(refiner.num_blocks))))
+    refiner.adopt_latent(state, latent)
+    return refiner, state, cache, tuple(done)
 
 
 def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Policy, cache, tracer: Tracer,

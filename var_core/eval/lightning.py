@@ -294,6 +294,7 @@ class GenerationModule(pl.LightningModule):
         self.keep_tokens = keep_tokens
         self.threads = threads
         self.policy: Policy | None = None
+        self.switch = None  # engine.switch.ModelSwitch when the policy config names a refiner (on_predict_start)
 
     def setup(self, stage: str) -> None:
         _quiet_lightning()
@@ -332,12 +333,15 @@ class GenerationModule(pl.LightningModule):
             if callable(getattr(probe, "bind", None)):
                 probe.bind(self.device)
         self.policy = self._build_policy()
+        from .twomodel import model_switch_for  # a config naming a second model (CoDe's refiner): load it here
+
+        self.switch = model_switch_for(self.policy_config, self.adapter) if self.policy_config is not None else None
         num_classes = getattr(getattr(self.adapter, "cfg", None), "num_classes", 1) or 1
         for w in range(self.warmup):
             labels = torch.arange(self.warmup_batch_size, device=self.device) % num_classes
             seeds = [(1 << 62) + w * 1000 + i for i in range(self.warmup_batch_size)]
             generate(self.adapter, labels, seeds=seeds, sampling=self.sampling, policy=self.policy,
-                     options=GenerationOptions(check_finite=True))
+                     options=GenerationOptions(check_finite=True), switch=self.switch)
         self._sync()
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
@@ -350,7 +354,7 @@ class GenerationModule(pl.LightningModule):
         t0 = time.perf_counter_ns()
         conditions = list(batch["prompt"]) if "prompt" in batch else labels  # text-to-image prompt sets
         result = generate(self.adapter, conditions, seeds=seeds, sampling=self.sampling, policy=self.policy,
-                          tracer=tracer, options=self._options())
+                          tracer=tracer, options=self._options(), switch=self.switch)
         self._sync()
         seconds = (time.perf_counter_ns() - t0) / 1e9
         probe_data = {}

@@ -170,6 +170,25 @@ class ModelAdapter(ABC):
     def latent(self, state: Any) -> torch.Tensor:
         """The accumulated latent (``f_hat`` for VAR)."""
 
+    # ----- the second-model seam (engine.switch): what a refiner needs to take a generation over -----------------
+    def tokenizer_fingerprint(self) -> str | None:
+        """A hash of the tokenizer (the VQVAE's configuration and weights): two adapters with the same fingerprint
+        read each other's tokens and latents alike, so one may hand a generation to the other. None: unknown (this
+        adapter cannot take part in a model switch)."""
+        return None
+
+    def replay_latent(self, state: Any, si: int, record: Any) -> None:
+        """Teacher forcing: advance this adapter's latent by scale ``si`` as another model generated it (``record``:
+        that scale's :class:`~var_core.engine.context.ScaleRecord`, its ``residual_BChw`` the residual map that
+        entered the latent), so that :meth:`scale_input` of the next scale is what the other model saw."""
+        raise NotImplementedError(f"the {self.family} adapter cannot prefill from another model's scales "
+                                  f"(replay_latent); a model switch needs it")
+
+    def adopt_latent(self, state: Any, latent: torch.Tensor) -> None:
+        """Take over another model's accumulated latent (same tokenizer) as this generation's latent."""
+        raise NotImplementedError(f"the {self.family} adapter cannot take over another model's latent "
+                                  f"(adopt_latent); a model switch needs it")
+
     @abstractmethod
     def select_rows(self, state: Any, rows: slice, guidance: GuidanceMode) -> None:
         """Drop CFG rows from the state (the loop slices the KV cache itself)."""

@@ -164,6 +164,27 @@ class VARAdapter(ModelAdapter):
     def latent(self, state: VARState) -> torch.Tensor:
         return state.f_hat_BChw
 
+    def tokenizer_fingerprint(self) -> str:
+        """SHA-256 of the VQVAE's configuration and every tensor of its state dict (computed once per adapter)."""
+        cached = getattr(self, "_tokenizer_fingerprint", None)
+        if cached is None:
+            import hashlib
+            import json
+
+            digest = hashlib.sha256(json.dumps(getattr(self.vae, "config", {}), sort_keys=True, default=str).encode())
+            for name, tensor in sorted(self.vae.state_dict().items()):
+                digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+                digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            cached = self._tokenizer_fingerprint = digest.hexdigest()
+        return cached
+
+    def replay_latent(self, state: VARState, si: int, record) -> None:
+        # the same op update_latent applied to the same (possibly masked) residual map: f_hat matches bitwise
+        state.f_hat_BChw = self.vae.quantize.next_autoregressive_input(si, state.f_hat_BChw, record.residual_BChw)[0]
+
+    def adopt_latent(self, state: VARState, latent: torch.Tensor) -> None:
+        state.f_hat_BChw = latent
+
     def select_rows(self, state: VARState, rows: slice, guidance: GuidanceMode) -> None:
         state.cond_RD = state.cond_RD[rows]
         state.modulations = [tuple(m[rows] for m in mods) for mods in state.modulations]
