@@ -34,7 +34,8 @@ uncomputed queries) and the scale record's ``lens_rows`` counts the rows actuall
 projects every sample (offline analysis of a whole batch).
 
 The guidance weights inferred from the previous scale are computed once per scale (least squares over the
-previous scale's ``[2B, N, V]`` raw logits) and reused by every block's lens of that scale.
+previous scale's ``[2B, N, V]`` raw logits) and reused by every block's lens of that scale, read on the host once per
+scale where several samples are projected (one sample: never; issue 27).
 
 Idempotent, and never ambiguous: ``signals.lens_entropy`` holds only the CANONICAL definition (the defaults
 ``combine="guided", guidance_scale=None, temperature=1.0``), stored by the first component that records it; a
@@ -58,6 +59,7 @@ LENS_COMBINES = ("guided", "cond", "mean", "per_row")
 LENS_SAMPLES = ("accelerated", "all")
 LENS_VARIANTS_KEY = "lens.variants"
 WEIGHTS_KEY = "lens.guidance_weights"
+ROWS_KEY = "lens.rows"
 CANONICAL_SETTINGS = ("guided", None, 1.0)
 
 
@@ -172,9 +174,14 @@ def lens_entropy(ctx: ScaleContext, signals: Signals, lens: LensProbe | torch.Te
         logits = lens.cond_logits(index)
     else:
         alpha, beta = guidance_weights(ctx, signals, guidance_scale, temperature)
-        alpha_h, beta_h = host_guidance_weights(ctx, signals, guidance_scale, temperature)
+        weights_key = (ctx.scale_index, guidance_scale, temperature)  # the weights' per-scale memo key
+        if (B if index is None else int(index.numel())) == 1:  # one sample: the probe needs no weight on the host
+            host = None
+        else:
+            alpha_h, beta_h = host_guidance_weights(ctx, signals, guidance_scale, temperature)
+            host = (beta_h, alpha_h - beta_h)
         # α·ℓ_u + β·(ℓ_c − ℓ_u) = β·ℓ_c + (α − β)·ℓ_u
-        logits = lens.mixed_logits(beta, alpha - beta, index, host_weights=(beta_h, alpha_h - beta_h))
+        logits = lens.mixed_logits(beta, alpha - beta, index, host_weights=host, weights_key=weights_key)
     with tracer.span("accel/entropy", ctx.scale_index):
         if combine == "mean" and lens.both_halves:
             b = logits.shape[0] // 2
@@ -185,9 +192,24 @@ def lens_entropy(ctx: ScaleContext, signals: Signals, lens: LensProbe | torch.Te
         return entropy
     both_rows = combine == "per_row" and lens.both_halves  # [R, N]: cond rows, then uncond rows
     out = entropy.new_full((2 * B if both_rows else B, entropy.shape[-1]), float("nan"))
-    target = torch.cat((index, index + B)) if both_rows else index
-    out[target.to(out.device)] = entropy
+    out[_device_rows(signals, ctx, index, B, both_rows, out.device)] = entropy
     return out
+
+
+def _device_rows(signals: Signals, ctx: ScaleContext, index: torch.Tensor, B: int, both_rows: bool, device
+                 ) -> torch.Tensor:
+    """The map's rows of the projected samples (host ``index``) on ``device``, copied there once per scale (every
+    block's lens of a scale projects the same samples), not once per block."""
+    target = torch.cat((index, index + B)) if both_rows else index
+    extras = getattr(signals, "extras", None)
+    if extras is None:
+        return target.to(device)
+    memo = extras.setdefault(ROWS_KEY, {})
+    key = (ctx.scale_index, tuple(target.tolist()), str(device))  # host data: free
+    if key not in memo:
+        memo.clear()  # one scale at a time
+        memo[key] = target.to(device)
+    return memo[key]
 
 
 def _store(signals: Signals, settings: tuple) -> dict:

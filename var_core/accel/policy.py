@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..engine.context import GenerationInfo, ScaleContext, ScalePlan, ScaleRecord
-from ..engine.policy import Policy, TokenSelection
+from ..engine.policy import Policy, TokenSelection, ragged_selection
 from .base import Component, Needs, Signals, block_chunk, ends_block_chunk
 from .knobs import knob
 from .registry import REGISTRIES
@@ -321,7 +321,7 @@ class AccelPolicy(Policy):
         # ragged: the same counts where the schedule computed them (top_tokens copies host counts to the device)
         counts = torch.where(self._active_rows(counts.device, rows), counts.clamp(min=floor, max=N),
                              torch.full_like(counts, N))
-        return top_tokens(scores, counts, n_max, uniform=False)
+        return top_tokens(scores, counts, n_max, uniform=False, host_counts_R=counts_host)
 
     def _forced_count(self, forced: torch.Tensor | None) -> int:
         """Tokens the restorer forces to be kept, read once per mask (restorers hand out one cached mask per
@@ -424,7 +424,8 @@ def rank_grid(scores_RN: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(finite, torch.round(scores_RN / step_R1) * step_R1, scores_RN)
 
 
-def top_tokens(scores_RN: torch.Tensor, counts_R: torch.Tensor, n_max: int, uniform: bool | None = None):
+def top_tokens(scores_RN: torch.Tensor, counts_R: torch.Tensor, n_max: int, uniform: bool | None = None,
+               host_counts_R: torch.Tensor | None = None):
     """Indices of the ``counts[r]`` highest-scoring tokens of each row, sorted by position.
 
     The order is total and a function of the row alone: score descending, ties broken by the lower position.
@@ -432,7 +433,9 @@ def top_tokens(scores_RN: torch.Tensor, counts_R: torch.Tensor, n_max: int, unif
     count, and Haar energies tie exactly inside 2×2 cells.) Rows keeping fewer than ``n_max`` are padded
     (repeating their first kept index) and marked invalid in a :class:`TokenSelection`, so each sample's result
     is independent of its batch neighbours. ``uniform``: whether every row keeps ``n_max`` (a caller that read the
-    counts on the host says so; None: tested here, a host synchronisation on a GPU).
+    counts on the host says so; None: tested here, a host synchronisation on a GPU). ``host_counts_R``: the same
+    counts already on the host; the selection then carries them (``engine.policy.ragged_selection``), so the
+    engine's packing, attention and KV cache read no counts back.
     """
     R, N = scores_RN.shape
     # a stable sort keeps the original (position) order among equal scores; NaN would break the total order
@@ -453,3 +456,5 @@ def build_policy(config: PolicyConfig | None) -> Policy:
     """``None`` or a config whose activation is ``never`` with no guidance/skip change is still an AccelPolicy;
     use ``Policy()`` for the bare loop."""
     return Policy() if config is None else AccelPolicy(config)
+    if host_counts_R is not None:  # row r's valid slots: its first counts[r] (kept positions sorted, padding last)
+        return ragged_selection(index, valid_sorted, host_counts_R.tolist())

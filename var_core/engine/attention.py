@@ -44,6 +44,8 @@ ENTROPY_METHODS = ("auto", "fused", "chunked", "materialised")
 @dataclass
 class CachedKV:
     """What :meth:`KVCache.append` returns: views over a block's cached keys and values after this append.
+from .packing import host_counts
+
 
     ``keys``/``values`` are ``[R, H, L, d]`` with ``L`` the longest row; ``bias`` an additive ``[R, 1, 1, L]`` mask
     (0 = valid key, −inf = padding or beyond the row's length) or None when every row's ``L`` keys are valid;
@@ -138,7 +140,12 @@ def describe_kernels_run(counts: dict[str, int]) -> str:
 
 
 def _prefix_counts(valid_Rn: torch.Tensor) -> list[int] | None:
-    """Valid query count per row when every row's valid slots form a prefix (padding at the end), else None."""
+    """Valid query count per row when every row's valid slots form a prefix (padding at the end), else None.
+    A selection's host-known counts (``engine.policy.host_counts``: prefixes by construction) are taken as they
+    are: no read of the mask."""
+    known = host_counts(valid_Rn)
+    if known is not None:
+        return list(known)
     counts = valid_Rn.sum(1)
     prefix = torch.arange(valid_Rn.shape[1], device=valid_Rn.device).view(1, -1) < counts.view(-1, 1)
     return counts.tolist() if bool((prefix == valid_Rn).all()) else None

@@ -36,6 +36,7 @@ class KVCache:
         self.values: list[torch.Tensor | None] = []
         self.lengths: list[int] = []  # per block: the longest row's length (the filled part of the buffers)
         self.row_lengths: list[list[int] | None] = []  # per block, packed layout: per-row lengths once rows differ
+from .packing import host_counts
         self.valid: list[torch.Tensor | None] = []  # per block, padded layout: [R, max_len] bool once padding came
         self.ragged: list[bool] = []  # per block: a ragged append happened (attention pairs are then recorded)
         self.attention_pairs: dict[int, int] = {}  # block -> query-key pairs of its latest attention call
@@ -94,7 +95,8 @@ class KVCache:
             self.values[block] = v_RHnd.new_empty(R, H, self.max_len, v_RHnd.shape[-1])
         counts = None
         if valid_Rn is not None:
-            counts = valid_Rn.sum(1).tolist()  # the append's one host synchronisation (lengths are shapes)
+            # the append's one host synchronisation (lengths are shapes), none where the selection knows its counts
+            counts = list(host_counts(valid_Rn) or valid_Rn.sum(1).tolist())
             if all(c == n for c in counts):
                 valid_Rn, counts = None, None
         if valid_Rn is not None:

@@ -138,24 +138,30 @@ class LensProbe:
         return self._cache[key]
 
     def mixed_logits(self, cond_weight_B: torch.Tensor, uncond_weight_B: torch.Tensor, samples=None,
-                     host_weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                     host_weights: tuple[torch.Tensor, torch.Tensor] | None = None, weights_key=None
+                     ) -> torch.Tensor:
         """``[B, N, V]`` = ``w_c·ℓ_cond + w_u·ℓ_uncond`` per sample (both CFG halves must be present);
         ``samples``: those samples only (``[b, N, V]`` in sample order; the weights stay per sample, ``[B]``).
         ``host_weights``: the same two weights already on the host (a caller that copies them once per scale), read
-        for the cache key and the shared-bias test instead of the device ones (no host synchronisation)."""
+        for the cache key and the shared-bias test instead of the device ones (no host synchronisation).
+        ``weights_key``: a hashable the caller names these weights by (e.g. its per-scale memo key), the cache key
+        instead of their values; with one sample projected the shared-bias test needs no values either, so then
+        neither weights nor ``host_weights`` are read."""
         if not self.both_halves:
             raise ValueError(f"mixed_logits needs both CFG halves ({2 * self.batch_size} rows), got {self.rows}")
         B = self.batch_size
         index = self._sample_index(samples)
+        b = B if index is None else int(index.numel())
+        single = weights_key is not None and b == 1  # one weight pair: shared by construction, never read
         host_c, host_u = host_weights if host_weights is not None else (cond_weight_B, uncond_weight_B)
-        key = ("mixed", tuple(host_c.tolist()), tuple(host_u.tolist()),
+        key = ("mixed", ("key", weights_key) if single else (tuple(host_c.tolist()), tuple(host_u.tolist())),
                None if index is None else tuple(index.tolist()))
         if key in self._cache:
             return self._cache[key]
         if index is not None:
             cond_weight_B, uncond_weight_B = cond_weight_B[index.cpu()], uncond_weight_B[index.cpu()]
-            host_c, host_u = host_c[index.cpu()], host_u[index.cpu()]
-        b = B if index is None else int(index.numel())
+            if not single:
+                host_c, host_u = host_c[index.cpu()], host_u[index.cpu()]
         parts = None
         if self._logits is None and self._head_parts is not None:
             parts = self._features(None if index is None else self._rows_of(index, 2))
@@ -172,8 +178,11 @@ class LensProbe:
             wc, wu = (w.to(features.device, features.dtype).view(b, 1, 1) for w in (cond_weight_B, uncond_weight_B))
             bias_scale = wc + wu
             self.projected_rows += b
-            host_scale = host_c.to(features.dtype) + host_u.to(features.dtype)  # = bias_scale, read on the host
-            if linear.bias is not None and bool((host_scale == host_scale.flatten()[0]).all()):
+            shared = single
+            if not single:
+                host_scale = host_c.to(features.dtype) + host_u.to(features.dtype)  # = bias_scale, on the host
+                shared = bool((host_scale == host_scale.flatten()[0]).all())
+            if linear.bias is not None and shared:
                 # one weight for every sample (VAR: α = 1): the scaled bias rides in the GEMM (no pass over [b, N, V])
                 bias = linear.bias * bias_scale.flatten()[0]
                 mixed = F.linear(wc * cond + wu * uncond, linear.weight, bias).float()

@@ -6,22 +6,50 @@ but the per-token work — projections, MLP — does not: :class:`RowPacking` ga
 into one ``[T, C]`` matrix, runs the per-token function once on it, and spreads the result back, giving every
 padding slot the output of the token it copies (so restorers' scatters stay exact). A batch then pays for the
 tokens its samples keep, not ``rows × the largest keep count``.
+
+Host synchronisations (issue 27): a selection whose per-row valid counts the policy already holds on the host
+(``engine.policy.ragged_selection``: the counts ride on the mask, :func:`host_counts`) is packed without reading
+anything back — sizes from the counts, positions by a static-size ``nonzero`` and a search, no boolean-mask
+indexing. A mask without counts is read as before (one ``nonzero``, its size, the lookup's width, one check).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
+
+_HOST_COUNTS = "_varscope_host_counts"
+
+
+def attach_host_counts(valid_Rn: torch.Tensor, counts_R: Sequence[int]) -> None:
+    """Record on the mask itself that row ``r``'s valid slots are its first ``counts_R[r]`` (host integers)."""
+    setattr(valid_Rn, _HOST_COUNTS, tuple(int(c) for c in counts_R))
+
+
+def host_counts(valid_Rn: torch.Tensor | None) -> tuple[int, ...] | None:
+    """The host-known per-row valid counts of a mask (valid slots = a prefix of each row), or None (unknown: the
+    caller reads the mask; a view or copy of the mask does not carry them)."""
+    return None if valid_Rn is None else getattr(valid_Rn, _HOST_COUNTS, None)
 
 
 class RowPacking:
     """Valid-token packing of a padded ``[R, n, ·]`` selection: ``keep_Rn`` token indices, ``valid_Rn`` False on
-    padding slots, each of which repeats a kept index of its row."""
+    padding slots, each of which repeats a kept index of its row (valid slots sorted by token, as selections are)."""
 
     def __init__(self, keep_Rn: torch.Tensor, valid_Rn: torch.Tensor):
         R, n = valid_Rn.shape
         self.valid_Rn = valid_Rn
+        counts = host_counts(valid_Rn)
+        if counts is not None:  # sizes known on the host: nothing read back
+            self.total = sum(counts)
+            self._flat_valid = torch.nonzero_static(valid_Rn.reshape(-1), size=self.total).squeeze(1)
+            self._row_of_token = torch.div(self._flat_valid, n, rounding_mode="floor")
+            # packed position of each slot's token: the valid slot holding it (itself for a valid slot), counted
+            # over the valid slots before it
+            packed_pos = valid_Rn.reshape(-1).long().cumsum(0).view(R, n) - 1
+            self._source_Rn = packed_pos.gather(1, padding_sources(keep_Rn, valid_Rn))
+            return
         self._flat_valid = valid_Rn.reshape(-1).nonzero().squeeze(1)
         self._row_of_token = torch.div(self._flat_valid, n, rounding_mode="floor")
         self.total = int(self._flat_valid.numel())
@@ -40,6 +68,9 @@ class RowPacking:
         """Whether packing saves at least ``min_saving`` of the rows' tokens (it costs two copies of the data)."""
         if valid_Rn is None:
             return False
+        counts = host_counts(valid_Rn)
+        if counts is not None:  # the mask's mean from the host counts (in float64: exact where float32 rounds)
+            return sum(counts) / valid_Rn.numel() <= 1.0 - min_saving
         return float(valid_Rn.float().mean()) <= 1.0 - min_saving
 
     def pack(self, x_RnC: torch.Tensor) -> torch.Tensor:

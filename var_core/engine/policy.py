@@ -39,6 +39,7 @@ from .lens_probe import LensProbe
 
 
 class TokenSelection(NamedTuple):
+from .packing import attach_host_counts, host_counts
     """A ragged kept-token plan: rows keeping fewer tokens are padded to the common count ``n``.
 
     Padding entries must repeat a kept index of their row (so gathers and scatters stay exact) and are marked
@@ -47,11 +48,29 @@ class TokenSelection(NamedTuple):
     """
 
     index_Rn: torch.Tensor
+
+    :attr:`counts_R`: each row's valid count on the host, when the policy knows it (it read the counts to size
+    the selection) and every row's valid slots are a prefix (padding at the end). Build such a selection with
+    :func:`ragged_selection`: the mask carries the counts (:func:`host_counts`; the adapters pass the mask on
+    unchanged), so packing, attention row groups and the KV-cache lengths take them without reading the mask back
+    (issue 27: host synchronisations). Still a pair: ``index, valid = selection`` unpacks as before.
     valid_Rn: torch.Tensor | None
 
 
 class ProjectedTokens(NamedTuple):
     """A run of consecutive blocks on ``r`` tokens the policy built from the ``N`` tokens of the scale.
+    @property
+    def counts_R(self) -> tuple[int, ...] | None:
+        return host_counts(self.valid_Rn)
+
+
+def ragged_selection(index_Rn: torch.Tensor, valid_Rn: torch.Tensor, counts_R) -> TokenSelection:
+    """A :class:`TokenSelection` whose rows' valid slots are the prefixes of lengths ``counts_R`` (host integers);
+    the counts ride on the mask itself, so the engine's consumers of ``valid_Rn`` (adapters pass it on unchanged)
+    find them with :func:`host_counts`."""
+    attach_host_counts(valid_Rn, counts_R)
+    return TokenSelection(index_Rn, valid_Rn)
+
 
     ``tokens_RrC``: the run's input (e.g. ``Qᵀx``, random projections of the token map). ``positions_Rr``: the
     positions (within the scale) whose positional encoding each of them takes; their keys and values enter the KV
@@ -73,7 +92,7 @@ def pad_ragged_selection(keep_lists: list[torch.Tensor]) -> TokenSelection | tor
         return torch.stack(keep_lists)
     index = torch.stack([torch.cat((k, k[-1:].expand(n_max - k.numel()))) for k in keep_lists])
     valid = torch.stack([torch.arange(n_max, device=k.device) < k.numel() for k in keep_lists])
-    return TokenSelection(index, valid)
+    return ragged_selection(index, valid, [k.numel() for k in keep_lists])
 
 
 class Policy:

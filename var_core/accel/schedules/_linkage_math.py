@@ -122,8 +122,14 @@ def started_on(ctx, signals: Signals, device) -> torch.Tensor:
 
 
 def activation_scales_on(ctx, signals: Signals, device) -> torch.Tensor:
-    """:func:`activation_scales` on ``device``, copied there once per scale."""
-    return _per_scale(ctx, signals, ("first", str(device)), lambda: activation_scales(ctx, signals).to(device))
+    """:func:`activation_scales` on ``device``, copied there once per scale; filled there (no copy) when every
+    sample has the same activation scale (always at batch 1)."""
+    def on_device():
+        first = activation_scales(ctx, signals)
+        if bool((first == first[0]).all()):  # host data
+            return torch.full(first.shape, int(first[0]), dtype=first.dtype, device=device)
+        return first.to(device)
+    return _per_scale(ctx, signals, ("first", str(device)), on_device)
 
 
 def counts_for_rows(ctx, keep_B: torch.Tensor, active_B: torch.Tensor, rows: int, device=None) -> torch.Tensor:

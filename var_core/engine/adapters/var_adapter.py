@@ -77,7 +77,7 @@ class VARAdapter(ModelAdapter):
 
     def begin(self, conditions, guidance: GuidanceMode, sampling: SamplingConfig) -> VARState:
         labels_B = torch.as_tensor(conditions, dtype=torch.long, device=self.device).view(-1)
-        if labels_B.numel() and (labels_B.min() < 0 or labels_B.max() > self.var.null_class):
+        if labels_B.numel() and bool(((labels_B < 0) | (labels_B > self.var.null_class)).any()):  # one read
             raise ValueError(
                 f"class labels must lie in [0, {self.cfg.num_classes}] ({self.cfg.num_classes} is the null class); "
                 f"got min {int(labels_B.min())}, max {int(labels_B.max())}"
