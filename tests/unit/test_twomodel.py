@@ -211,3 +211,29 @@ def test_code_memory_counts_both_models_weights_and_the_refiners_cache(pair):
     tokens = [p * p for p in drafter.cfg.patch_nums]
     for cfg, entry, upto in ((drafter.cfg, report.scales[at - 1], at), (refiner.cfg, report.scales[-1], K)):
         assert entry.kv_cache_bytes == 2 * cfg.depth * R * sum(tokens[:upto]) * cfg.embed_dim * 4
+
+
+def test_ls_lists_the_new_presets_and_scorer(capsys):
+    from studies.cli import main as varscope
+
+    assert varscope(["ls", "presets"]) == 0
+    listed = capsys.readouterr().out
+    assert "\n  code\n" in listed and "\n  stepvar\n" in listed
+    assert varscope(["ls", "components"]) == 0
+    assert "structure_texture" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two validations of the whole method family (about 30 s each on a shared 2-core VM)
+def test_validate_builds_the_new_presets_and_code_is_not_for_a_model_without_its_refiner():
+    from ablations.validate import validate_families
+
+    report = validate_families(["method"], model="testbed", samples=1, lightning=False, threads=1,
+                               log=lambda line: None)
+    checked = {arm for family, arm, _ in report.checked}
+    assert {"code", "stepvar"} <= checked and not report.errors, report.errors
+    # on a model without a refiner that shares its tokenizer, CoDe is not for the model (not a failure)
+    report = validate_families(["method"], model="random:testbed", samples=1, lightning=False, threads=1,
+                               log=lambda line: None)
+    unfit = {arm: why for family, arm, why in report.not_for_model}
+    assert "stepvar" in {arm for _, arm, _ in report.checked} and "code" in unfit
+    assert "do not share a tokenizer" in unfit["code"]
