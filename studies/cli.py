@@ -38,6 +38,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "demo": ("studies.demo", (), "generate a class-conditional sample grid as one PNG"),
     "fid-reference": ("studies.fid_reference", (), "make FID reference statistics (.npz) from a folder of images "
                                                    "for --fid-reference; export the testbed's training images"),
+    "frontier": ("studies.frontier", (), "which method keeps the most quality at a given cost: speed-quality "
+                                         "frontiers, matched-cost table, dominance"),
+    "claims": ("studies.claims", (), "claims ledger: each paper's headline beside what varscope measures here"),
     "preset-flops": ("studies.preset_flops", (), "FLOPs-ideal speedup of every preset on an Infinity "
                                                  "architecture (nothing loaded)"),
 }
