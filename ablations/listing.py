@@ -231,6 +231,8 @@ def study_summary(result, options) -> str:
             while end < len(text) and text[end].startswith("|"):
                 end += 1
             lines += text[start:end] + [""]
+        # var_core.eval.activity: components that never acted, said where the user reads the result
+        lines += [line for line in text if line.startswith("Components that never acted")]
     o = result.outputs
     lines.append(f"done in {result.seconds:.1f} s: {len(result.computed)} arms computed, {len(result.reused)} reused"
                  + (f", {len(result.unavailable)} unavailable" if result.unavailable else ""))
