@@ -49,12 +49,13 @@ def testbed():
 # sparsevar_lvar 35 / 251, ldpruning_skip 20 / 92; before issue 27 (same counter): nova 419 / 801. The testbed has
 # 10 scales and 8 blocks. What is left is one read per pruned block where the kept count is data (nova's lens,
 # ldpruning's energy, sparsevar_lvar's threshold) and a few per-scale decisions.
-BOUNDS = {"baseline": (3, 4), "fastvar": (3, 4), "ldpruning": (40, 41), "ldpruning_skip": (20, 21),
+BOUNDS = {"baseline": (3, 4), "code": (3, 4), "fastvar": (3, 4), "ldpruning": (40, 41), "ldpruning_skip": (20, 21),
           "nova": (36, 63), "skipvar": (3, 4), "skipvar_static": (3, 4), "sparsevar": (9, 10),
-          "sparsevar_lvar": (36, 37), "stagevar": (6, 7), "stagevar_sampled": (6, 7), "toprovar": (11, 14)}
+          "sparsevar_lvar": (36, 37), "stagevar": (6, 7), "stagevar_sampled": (6, 7), "stepvar": (3, 4),
+          "toprovar": (11, 14)}
 # kept counts known at the scale's start (tables, ranks, fixed settings): at most 3 reads per scale on average
-HOST_COUNT_PRESETS = ("baseline", "fastvar", "skipvar", "skipvar_static", "sparsevar", "stagevar",
-                      "stagevar_sampled", "toprovar")
+HOST_COUNT_PRESETS = ("baseline", "code", "fastvar", "skipvar", "skipvar_static", "sparsevar", "stagevar",
+                      "stagevar_sampled", "stepvar", "toprovar")
 
 
 def test_every_var_preset_has_a_bound():

@@ -237,3 +237,20 @@ def test_validate_builds_the_new_presets_and_code_is_not_for_a_model_without_its
     unfit = {arm: why for family, arm, why in report.not_for_model}
     assert "stepvar" in {arm for _, arm, _ in report.checked} and "code" in unfit
     assert "do not share a tokenizer" in unfit["code"]
+
+
+@pytest.mark.parametrize("name, restorer", [("nova", "residual_reuse"), ("stagevar", "previous_output")])
+def test_a_method_that_reuses_hidden_states_is_refused_before_a_switch_to_another_width(pair, name, restorer):
+    """NOVA's residual reuse and StageVAR's previous outputs keep hidden states (width 256 on the drafter) that the
+    refiner (width 128) cannot take: without the pre-flight the generation fails mid-way on a shape error."""
+    import dataclasses
+
+    from var_core.accel.presets import get_preset
+    from var_core.eval.twomodel import TwoModelConfigError, model_switch_for
+
+    drafter, _ = pair
+    config = dataclasses.replace(get_preset(name), refiner="testbed-small", switch_scale=8)
+    with pytest.raises(TwoModelConfigError, match=rf"restorer '{restorer}' reuses hidden states .* width 256 .* 128"):
+        model_switch_for(config, drafter)
+    ok = dataclasses.replace(get_preset("stepvar"), refiner="testbed-small", switch_scale=8)
+    assert model_switch_for(ok, drafter).at_scale == 8  # a restorer that fills from the current scale runs

@@ -449,6 +449,8 @@ def top_tokens(scores_RN: torch.Tensor, counts_R: torch.Tensor, n_max: int, unif
     keyed = torch.where(valid, idx_desc, torch.full_like(idx_desc, N)).sort(dim=1).values
     valid_sorted = keyed < N
     index = torch.where(valid_sorted, keyed, keyed[:, :1])
+    if host_counts_R is not None:  # row r's valid slots: its first counts[r] (kept positions sorted, padding last)
+        return ragged_selection(index, valid_sorted, host_counts_R.tolist())
     return TokenSelection(index, valid_sorted)
 
 
@@ -456,5 +458,3 @@ def build_policy(config: PolicyConfig | None) -> Policy:
     """``None`` or a config whose activation is ``never`` with no guidance/skip change is still an AccelPolicy;
     use ``Policy()`` for the bare loop."""
     return Policy() if config is None else AccelPolicy(config)
-    if host_counts_R is not None:  # row r's valid slots: its first counts[r] (kept positions sorted, padding last)
-        return ragged_selection(index, valid_sorted, host_counts_R.tolist())

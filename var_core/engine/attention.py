@@ -37,6 +37,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from .packing import host_counts
+
 RAGGED_ATTENTION = ("varlen", "padded")
 ENTROPY_METHODS = ("auto", "fused", "chunked", "materialised")
 
@@ -44,8 +46,6 @@ ENTROPY_METHODS = ("auto", "fused", "chunked", "materialised")
 @dataclass
 class CachedKV:
     """What :meth:`KVCache.append` returns: views over a block's cached keys and values after this append.
-from .packing import host_counts
-
 
     ``keys``/``values`` are ``[R, H, L, d]`` with ``L`` the longest row; ``bias`` an additive ``[R, 1, 1, L]`` mask
     (0 = valid key, −inf = padding or beyond the row's length) or None when every row's ``L`` keys are valid;

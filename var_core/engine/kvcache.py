@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .attention import CachedKV
+from .packing import host_counts
 
 KV_LAYOUTS = ("packed", "padded")
 
@@ -36,7 +37,6 @@ class KVCache:
         self.values: list[torch.Tensor | None] = []
         self.lengths: list[int] = []  # per block: the longest row's length (the filled part of the buffers)
         self.row_lengths: list[list[int] | None] = []  # per block, packed layout: per-row lengths once rows differ
-from .packing import host_counts
         self.valid: list[torch.Tensor | None] = []  # per block, padded layout: [R, max_len] bool once padding came
         self.ragged: list[bool] = []  # per block: a ragged append happened (attention pairs are then recorded)
         self.attention_pairs: dict[int, int] = {}  # block -> query-key pairs of its latest attention call

@@ -36,29 +36,26 @@ import torch
 
 from .context import DENSE_PLAN, GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
 from .lens_probe import LensProbe
+from .packing import attach_host_counts, host_counts
 
 
 class TokenSelection(NamedTuple):
-from .packing import attach_host_counts, host_counts
     """A ragged kept-token plan: rows keeping fewer tokens are padded to the common count ``n``.
 
     Padding entries must repeat a kept index of their row (so gathers and scatters stay exact) and are marked
     False in ``valid_Rn``; the loop masks them out of attention (and the KV cache), so a sample's result does
     not depend on what the other rows of its batch keep.
-    """
-
-    index_Rn: torch.Tensor
 
     :attr:`counts_R`: each row's valid count on the host, when the policy knows it (it read the counts to size
     the selection) and every row's valid slots are a prefix (padding at the end). Build such a selection with
     :func:`ragged_selection`: the mask carries the counts (:func:`host_counts`; the adapters pass the mask on
     unchanged), so packing, attention row groups and the KV-cache lengths take them without reading the mask back
     (issue 27: host synchronisations). Still a pair: ``index, valid = selection`` unpacks as before.
+    """
+
+    index_Rn: torch.Tensor
     valid_Rn: torch.Tensor | None
 
-
-class ProjectedTokens(NamedTuple):
-    """A run of consecutive blocks on ``r`` tokens the policy built from the ``N`` tokens of the scale.
     @property
     def counts_R(self) -> tuple[int, ...] | None:
         return host_counts(self.valid_Rn)
@@ -71,6 +68,9 @@ def ragged_selection(index_Rn: torch.Tensor, valid_Rn: torch.Tensor, counts_R) -
     attach_host_counts(valid_Rn, counts_R)
     return TokenSelection(index_Rn, valid_Rn)
 
+
+class ProjectedTokens(NamedTuple):
+    """A run of consecutive blocks on ``r`` tokens the policy built from the ``N`` tokens of the scale.
 
     ``tokens_RrC``: the run's input (e.g. ``Qᵀx``, random projections of the token map). ``positions_Rr``: the
     positions (within the scale) whose positional encoding each of them takes; their keys and values enter the KV

@@ -13,6 +13,13 @@ import torch
 from ..engine.switch import ModelSwitch, TokenizerMismatchError, check_shared_tokenizer
 
 _LOADED: dict[tuple[str, str, str], Any] = {}
+# restorers that fill pruned slots with hidden states kept from earlier scales: across a switch between models of
+# different widths those states no longer fit (the loop would fail mid-generation)
+HIDDEN_STATE_RESTORERS = ("static_cache", "residual_reuse", "previous_output")
+
+
+class TwoModelConfigError(ValueError):
+    """A policy config that cannot run across a model switch (an arm that is not for this pair of models)."""
 
 
 def load_refiner(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -45,6 +52,19 @@ def model_switch_for(config, drafter) -> ModelSwitch | None:
         check_shared_tokenizer(drafter, refiner)
     except TokenizerMismatchError as exc:
         raise TokenizerMismatchError(f"refiner={name}: {exc} (--set refiner=ENTRY)") from None
+    restorer = getattr(getattr(config, "restorer", None), "component_name", "")
+    widths = [getattr(getattr(m, "cfg", None), "embed_dim", None) for m in (drafter, refiner)]
+    if restorer in HIDDEN_STATE_RESTORERS and widths[0] != widths[1]:
+        raise TwoModelConfigError(
+            f"restorer {restorer!r} reuses hidden states of earlier scales, which do not fit across the switch from "
+            f"width {widths[0]} to the refiner {name}'s {widths[1]}: with a refiner use a restorer that fills from "
+            f"the current scale (identity, nearest, anchors, sparse_residual)")
+    attention = getattr(getattr(config, "attention", None), "component_name", "dense")
+    heads = [getattr(getattr(m, "cfg", None), "num_heads", None) for m in (drafter, refiner)]
+    if attention != "dense" and (heads[0] != heads[1] or widths[0] != widths[1]):
+        raise TwoModelConfigError(
+            f"attention pattern {attention!r} carries per-head patterns across scales, which do not fit across the "
+            f"switch from {heads[0]} heads to the refiner {name}'s {heads[1]}: with a refiner use dense attention")
     return ModelSwitch(refiner, int(config.switch_scale))
 
 
@@ -66,4 +86,7 @@ def check_refiner_override(arms, overrides, drafter) -> None:
     for arm in arms:
         config = getattr(arm, "config", None)
         if config is not None and getattr(config, "refiner", ""):
-            model_switch_for(config, drafter)
+            try:
+                model_switch_for(config, drafter)
+            except TwoModelConfigError:  # this arm's method, not the refiner: the arm is unavailable (pre-flight)
+                pass
