@@ -136,6 +136,8 @@ def _ci(entry, digits=3) -> str:
     lo, hi = entry.get("low"), entry.get("high")
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
         return f"{entry['mean']:.{digits}f}"
+    if lo == hi and (entry.get("n") or 0) <= 1:  # one timed batch: a single ratio, no interval
+        return f"{entry['mean']:.{digits}f} (1 batch, no CI)"
     return f"{entry['mean']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
