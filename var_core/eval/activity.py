@@ -121,7 +121,7 @@ def summary_text(act: dict | None) -> str:
     if not act:
         return "–"
     a = act["activation"]
-    parts = [f"act {a['activated']}/{a['of']}" if a.get("of") else "act ?"]
+    parts = [f"act {a['activated']}/{a['of']}" if a.get("of") else "act –"]  # –: no activation component
     parts.append(f"pruned {act['pruned_scales']} sc")
     g = act["guidance_stopped"]
     parts.append(f"cfg stop {g['samples']}/{g['of']}")
