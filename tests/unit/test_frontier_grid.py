@@ -99,3 +99,14 @@ def test_cli_user_errors_before_anything_loads(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and message in err[0]
+
+
+def test_frame_points_reads_runner_records_flops_per_image():
+    """Records of the ablation runner (the ``frontier`` family) keep FLOPs per image, not per batch."""
+    base = _record([0, 1], [None], [2.0], {"ssim": [1, 1]})
+    arm = _record([0, 1], [None], [1.0], {"ssim": [0.8, 0.9]})
+    base["timing"]["flops_per_image"], arm["timing"]["flops_per_image"] = 100.0, 25.0
+    frames, _ = frame_points([{"method": "m", "label": "x", "published": False, "record": arm}], base, "ssim",
+                             "flops_ratio")
+    np.testing.assert_allclose(frames["m"][0].arm_cost, [25.0, 25.0])
+    np.testing.assert_allclose(frames["m"][0].base_cost, [100.0, 100.0])
