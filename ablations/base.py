@@ -113,7 +113,7 @@ class FamilyInfo:
 FAMILIES: dict[str, tuple[Callable[[FamilyContext], list[Arm]], str]] = {}
 FAMILY_INFO: dict[str, FamilyInfo] = {}
 FAMILY_MODULES = ("scorer", "activation", "linkage", "cache", "guidance", "extractor", "method", "options", "depth",
-                  "criterion")
+                  "criterion", "kv")
 NOT_FAMILIES = ("base", "runner", "overrides", "swaps", "probes", "validate", "report", "calibrate", "loadwatch")
 
 

@@ -341,3 +341,25 @@ def implied_tau(rho: np.ndarray, ssim: np.ndarray, *, ssim_threshold: float = 0.
     tau_safe = max((t for t in candidates if _safe_share(rho, good, t) >= safe_target), default=None)
     return TauCalibration(ssim_threshold, statistic, good, stars, star_scales, ceilings, pooled, tau, safe, depth,
                           safe_target, tau_safe)
+
+
+# ----------------------------------------------------------------------------------------------- HACK heads
+def calibrate_hack(adapter, conditions, sampling, *, samples: int = 8, batch_size: int = 8, budget: float = 0.1,
+                   window: int = 16) -> dict:
+    """HACK's offline head classification (``var_core.accel.kv.hack``, RECONSTRUCTED): dense generations of the
+    first ``samples`` samples with the HACK component observing every block's attention (its ``calibrating``
+    mode), per block and head the recency mass and column concentration averaged over rows and scales, and
+    ``structural`` where the former is larger. The result is the file ``kv.calibration`` reads."""
+    from var_core.accel.kv.hack import HACK, calibration_table
+
+    merged: dict[int, list] = {}
+    config = HACK.Config(budget=budget, window=window, calibrating=True)
+    for _, policy, _ in trace_batches(adapter, conditions, sampling,
+                                      lambda: TracePolicy(observers={"hack": HACK(config)}),
+                                      samples=samples, batch_size=batch_size, decode=False):
+        for block, entries in policy.signals.extras.get("hack_stats", {}).items():
+            merged.setdefault(block, []).extend(entries)
+    data = calibration_table({"hack_stats": merged}, adapter.num_blocks)
+    data.update(samples=min(samples, len(conditions)), budget=budget, window=window,
+                heads=len(data["structural"][0]) if data["structural"] else 0)
+    return data

@@ -84,6 +84,9 @@ class ProfilerProbe:
                                              report.frame().groupby("component")["flops"].sum().items()}
             except Exception as exc:  # noqa: BLE001 - e.g. a family without formulas
                 out["flops_error"] = f"{type(exc).__name__}: {exc}"
+        kv = kv_cache_bytes(result.records, batch_size)
+        if kv:
+            out.update(kv)
         if self.want_memory:
             try:
                 if self._peak is not None:
@@ -109,3 +112,18 @@ class ProfilerProbe:
             except Exception as exc:  # noqa: BLE001
                 out["memory_error"] = f"{type(exc).__name__}: {exc}"
         return out
+
+
+def kv_cache_bytes(records, batch_size: int) -> dict[str, float]:
+    """KV-cache bytes per image measured from the cache's tensors (``ScaleRecord.kv_bytes*``, engine.kvcache):
+    ``kv_bytes_per_image``, the largest cache carried from one scale to a later one (after the KV policy's
+    eviction: what a KV method saves), and ``kv_peak_bytes_per_image``, the largest cache any scale's attention
+    read (the last scale's own keys included). Empty when no record carries them."""
+    carried = [r.kv_bytes for r in records[:-1] if getattr(r, "kv_bytes", None) is not None]
+    peak = [r.kv_bytes_peak for r in records if getattr(r, "kv_bytes_peak", None) is not None]
+    out = {}
+    if carried:
+        out["kv_bytes_per_image"] = max(carried) / max(batch_size, 1)
+    if peak:
+        out["kv_peak_bytes_per_image"] = max(peak) / max(batch_size, 1)
+    return out

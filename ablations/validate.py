@@ -71,6 +71,9 @@ class StopAfter(Policy):
     def latent_mask(self, ctx):
         return self.inner.latent_mask(ctx)
 
+    def plan_kv(self, ctx, cache):
+        return self.inner.plan_kv(ctx, cache)
+
     def end_scale(self, ctx, record):
         self.inner.end_scale(ctx, record)
 

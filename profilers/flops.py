@@ -590,6 +590,8 @@ def count_record_flops(
         for block, counts in enumerate(kept):
             if attn_index is not None:
                 kv_len[block] += counts[attn_index]
+                if record.attention_lengths and record.attention_lengths[block] is not None:
+                    kv_len[block] = record.attention_lengths[block]  # a KV policy evicted: the kept keys
             packed = record.packed_tokens[block] if record.packed_tokens else (None,) * len(counts)
             if si == 0 and arch.prefix_len:  # the first scale runs every context token
                 counts = tuple(n + arch.prefix_len for n in counts)

@@ -22,7 +22,7 @@ from pathlib import Path
 from studies._args import ArgumentParser, at_least, existing_path, model_name, positive_int, results_folder, seed_int
 from studies._cli import note_results_folder, run_cli
 
-METHODS = ("toprovar",)
+METHODS = ("toprovar", "hack")
 
 
 def _method(text: str) -> str:
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = ArgumentParser(prog="python -m studies.calibrate", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("method", type=_method, help="what to calibrate: toprovar (tau of the scale depth D)")
+    p.add_argument("method", type=_method, help="what to calibrate: toprovar (tau of the scale depth D), hack "
+                   "(HACK's structural / contextual heads: writes hack_calibration.json for --set kv.calibration=)")
     p.add_argument("--model", default=None, type=model_name,
                    help="model (default: testbed when its weights are shipped, else official-tiny)")
     p.add_argument("--weights", default=None, type=existing_path, help="local weights for --model")
@@ -97,6 +98,8 @@ def main(argv=None) -> int:
     sampling = resolve_sampling(adapter, model, weights)
     num_classes = int(getattr(getattr(adapter, "cfg", None), "num_classes", 1) or 1)
     conditions = ConditionSet.balanced(args.samples, num_classes, args.seed)
+    if args.method == "hack":
+        return _hack(args, adapter, model, conditions, sampling, out)
     print(f"ToProVAR tau calibration on {model} ({adapter.num_scales} scales), {args.samples} samples, rho from "
           f"{args.source}, good exit: SSIM > {args.ssim:g}")
     table = measure_rho_ssim(adapter, conditions, sampling, samples=args.samples, batch_size=args.batch_size,
@@ -133,6 +136,21 @@ def main(argv=None) -> int:
     print(f"\ncalibration : {out / 'calibration.json'}")
     if plot is not None:
         print(f"plot        : {plot}")
+    return 0
+
+
+def _hack(args, adapter, model, conditions, sampling, out: Path) -> int:
+    from ablations.calibrate import calibrate_hack
+
+    print(f"HACK head calibration on {model} ({adapter.num_blocks} blocks), {args.samples} samples")
+    data = calibrate_hack(adapter, conditions, sampling, samples=args.samples, batch_size=args.batch_size)
+    data.update(model=model, seed=args.seed)
+    for block, heads in enumerate(data["structural"]):
+        print(f"block {block}: " + "".join("S" if s else "c" for s in heads) + "  (S structural, c contextual)")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "hack_calibration.json"
+    path.write_text(json.dumps(data, indent=1))
+    print(f"\ncalibration : {path}\nuse it      : --set kv.calibration={path}")
     return 0
 
 

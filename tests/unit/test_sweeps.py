@@ -62,6 +62,8 @@ def test_lambda_resolves_where_unique():
 # (path, kind, low, high, log, choices, default)
 EXPECTED_SPACES = {
     "baseline": [],
+    "scalekv": [],  # KV policies (issue 29): budgets are ablated by the kv family, not searched
+    "hack": [],
     "nova": [
         ("scorer.source", "categorical", None, None, False, ("predictive", "lens"), "predictive"),
         ("activation.t_est", "int", 2, 7, False, None, 5),

@@ -7,7 +7,8 @@ A policy is composed of one component of each kind (DESIGN.md, seam 3):
 * :class:`Schedule` — the linkage: how many tokens each row keeps at this (scale, block, branch);
 * :class:`Restorer` — what the pruned slots of a residual-branch output receive;
 * :class:`Guidance` — CFG kept / stopped (fixed or adaptive) / null-only;
-* :class:`ScaleSkip` — whole scales left out.
+* :class:`ScaleSkip` — whole scales left out;
+* :class:`KVPolicy` — which cached keys stay for later scales (eviction, budgets; ``engine.kvcache``).
 
 Components never call each other. What one computes and another reads (scale entropies, the activation scale,
 attention entropies, layer entropies) goes through :class:`Signals`, which is reset at every ``start``.
@@ -271,3 +272,13 @@ class ScaleSkip(Component):
         """bool ``[B, N]``: tokens whose residual enters the latent at this scale (None: all). A per-sample stop
         inside a batch freezes the stopped samples' latents with an all-False row (SkipVAR's batch rule)."""
         return None
+
+
+class KVPolicy(Component):
+    """The KV-cache policy: after each scale, which cached positions of each block stay for later scales."""
+
+    def plan_kv(self, ctx: ScaleContext, cache, signals: Signals) -> dict | None:
+        """``{block: engine.kvcache.KVKeep}`` (blocks left out keep everything) or None; ``cache.view(block)``
+        gives a block's live keys (:class:`~var_core.engine.kvcache.KVBlockView`)."""
+        return None
+

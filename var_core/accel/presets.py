@@ -648,6 +648,28 @@ def stepvar() -> PolicyConfig:
     )
 
 
+@preset("scalekv")
+def scalekv() -> PolicyConfig:
+    """ScaleKV (arXiv 2505.19602): drafter/refiner blocks per scale, per-block KV budgets at the paper's 10 %.
+
+    KV cache only (no token pruning, full CFG): after every scale but the last each block keeps its observation
+    window and the highest-scoring keys per head (FOUND, Lvar port); the drafter/refiner split by an online
+    attention-selectivity index is RECONSTRUCTED (the budget files are not public), see ``kv/scalekv.py``.
+    Composes with a token-pruning preset: ``--set`` or the ``kv`` family's ``fastvar+scalekv`` arm.
+    """
+    return PolicyConfig(name="scalekv", kv=_c("kv", "scalekv", budget=0.1))
+
+
+@preset("hack")
+def hack() -> PolicyConfig:
+    """HACK (arXiv 2504.09261, RECONSTRUCTED): structural/contextual heads, asymmetric per-head KV budgets (10 %).
+
+    Heads classified online unless ``--set kv.calibration=<file of varscope calibrate hack>``; structural heads keep
+    the most recent keys, contextual heads the most attended ones (``kv/hack.py``). KV cache only.
+    """
+    return PolicyConfig(name="hack", kv=_c("kv", "hack", budget=0.1))
+
+
 set_per_model_resolver(resolve_config)
 
 

@@ -88,5 +88,7 @@ SCHEDULES = Registry("schedule", "var_core.accel.schedules")
 RESTORERS = Registry("restorer", "var_core.accel.restorers")
 GUIDANCES = Registry("guidance", "var_core.accel.guidance")
 SKIPS = Registry("skip", "var_core.accel.skip")
+KV_POLICIES = Registry("kv", "var_core.accel.kv")  # the KV-cache policy (issue 29): which cached keys stay
 
-REGISTRIES: dict[str, Registry] = {r.kind: r for r in (SCORERS, ACTIVATIONS, SCHEDULES, RESTORERS, GUIDANCES, SKIPS)}
+REGISTRIES: dict[str, Registry] = {r.kind: r for r in (SCORERS, ACTIVATIONS, SCHEDULES, RESTORERS, GUIDANCES, SKIPS,
+                                                       KV_POLICIES)}

@@ -70,6 +70,15 @@ class ScaleRecord:
     # ((grid scale j, [B, 3, h_j·f, w_j·f] in [0, 1]), ...): the accumulated latent resized to scale j's latent grid
     # and decoded, one per scale the plan named in ScalePlan.preview_scales (ModelAdapter.decode_preview)
     previews_B3HW: tuple[tuple[int, torch.Tensor], ...] = ()
+    # KV-cache bytes measured from the cache's tensors (engine.kvcache.apply_kv_policy): during this scale (what
+    # its attention read), kept for later scales after the KV policy's eviction (valid entries), and the entries
+    # the buffers hold for them (per-head padding included); None when no cache step ran (e.g. a skipped scale)
+    kv_bytes_peak: int | None = None
+    kv_bytes: int | None = None
+    kv_bytes_stored: int | None = None
+    # per block: kept keys per row this scale's attention read, for blocks a KV policy evicted (else None); empty
+    # when no block was ever evicted (the FLOPs / bytes counters then follow the dense key count)
+    attention_lengths: tuple[int | None, ...] = ()
     # a refiner's teacher-forced prefill pass over a scale another model generated (engine.switch): its blocks ran
     # on every token and cached their keys; no head, no sampling (``GenerationResult.prefill``)
     teacher_forced: bool = False

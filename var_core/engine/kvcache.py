@@ -13,9 +13,25 @@ Ragged selections (rows keeping different numbers of tokens, padded to a common 
   kept as the reference the packed path is tested against).
 
 A dense generation is the same in both: every row has the same length and no mask exists.
+
+**Eviction (the KV-cache policy seam, issue 29).** After a scale, ``Policy.plan_kv`` may return, per block, the
+cached positions that stay for later scales (:class:`KVKeep`); :meth:`KVCache.evict` compacts them to the front of
+the block's buffers, in cache order, so later appends follow them and attention reads exactly the kept keys.
+A keep is per row and, where a method needs it, per head (``index [R, H, m]``: each head keeps its own positions).
+Per-head budgets of different sizes (HACK's asymmetric budgets) are realised by **padding + mask**: every head
+stores ``m = max`` entries, ``valid [R, H, m]`` marks the real ones and attention gets an additive ``[R, H, 1, L]``
+mask (one SDPA call; a varlen per-head kernel would skip the padding, SDPA computes it and the mask discards it).
+The FLOPs counter sees the kept pairs (``attention_pairs``: valid keys averaged over heads, times valid queries)
+and the kept key length (``attention_lengths``); the bytes (:meth:`KVCache.nbytes`) are measured from the cached
+tensors' shapes and element sizes: ``kept`` counts the valid entries, ``stored`` the entries the buffers hold
+for them (padding included). :func:`apply_kv_policy` is the loop's one call: it asks the policy, evicts, and
+returns the scale record with the bytes (peak during the scale, kept after it).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
 
 import torch
 
@@ -23,6 +39,36 @@ from .attention import CachedKV
 from .packing import host_counts
 
 KV_LAYOUTS = ("packed", "padded")
+
+
+class KVKeep(NamedTuple):
+    """Cached positions of one block that stay for later scales.
+
+    ``index``: int64 ``[R, m]`` (every head keeps the same positions: layer granularity) or ``[R, H, m]`` (each
+    head its own: head granularity), positions into the block's cache as it stands (``0 .. length-1``), sorted
+    ascending per row (and head), each row (head) keeping the same count ``m``. ``valid``: bool ``[R, H, m]`` or
+    ``[R, m]``, False for padding entries (a head or row keeping fewer than ``m``: repeat one of its kept positions
+    there); None = all real. Every (row, head) must keep at least one real position.
+    """
+
+    index: torch.Tensor
+    valid: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KVBlockView:
+    """What a KV policy reads of one block's cache: the live keys/values ``[R, H, L, d]`` (views, no copy), each
+    row's valid length (``row_lengths``; None = all ``L``) and the valid mask of earlier per-head evictions
+    (``head_valid [R, H, L]``, None = all valid)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    row_lengths: tuple[int, ...] | None
+    head_valid: torch.Tensor | None
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[2]
 
 
 class KVCache:
@@ -41,6 +87,10 @@ class KVCache:
         self.ragged: list[bool] = []  # per block: a ragged append happened (attention pairs are then recorded)
         self.attention_pairs: dict[int, int] = {}  # block -> query-key pairs of its latest attention call
         self._row_lengths_dev: dict[int, torch.Tensor] = {}  # packed layout: row_lengths on the device
+        self.head_valid: list[torch.Tensor | None] = []  # per block, after a per-head eviction: [R, H, max_len]
+        self.evicted: list[bool] = []  # per block: an eviction happened (attention pairs / lengths recorded)
+        self.attention_lengths: dict[int, int] = {}  # evicted blocks: kept keys per row of the latest attention
+        self._kept_pairs: dict[int, int] = {}  # per-head masked blocks: kept query-key pairs of the latest append
         self._open = False
 
     @staticmethod
@@ -66,12 +116,17 @@ class KVCache:
         self.ragged = [False] * self.num_blocks
         self.attention_pairs = {}
         self._row_lengths_dev = {}
+        self.head_valid = [None] * self.num_blocks
+        self.evicted = [False] * self.num_blocks
+        self.attention_lengths = {}
+        self._kept_pairs = {}
         self._open = True
         return self
 
     def __exit__(self, *exc) -> None:
         self.keys, self.values, self.lengths, self.row_lengths, self.valid, self.ragged = [], [], [], [], [], []
         self.attention_pairs = {}
+        self.head_valid, self.evicted, self.attention_lengths, self._kept_pairs = [], [], {}, {}
         self._open = False
 
     @property
@@ -102,7 +157,8 @@ class KVCache:
         if valid_Rn is not None:
             self.ragged[block] = True
         if self.layout == "packed" and (valid_Rn is not None or self.row_lengths[block] is not None):
-            return self._append_packed(block, k_RHnd, v_RHnd, valid_Rn, counts)
+            return self._after_append(block, self._append_packed(block, k_RHnd, v_RHnd, valid_Rn, counts),
+                                      valid_Rn)
         start = self.lengths[block]
         end = start + n
         if end > self.keys[block].shape[2]:
@@ -120,8 +176,32 @@ class KVCache:
                 self.valid[block][:, start:end] = True
             bias = _bias(self.valid[block][:, :end], k_RHnd.dtype)
         current = torch.arange(start, end, device=k_RHnd.device).expand(R, n)
-        return CachedKV(self.keys[block][:, :, :end], self.values[block][:, :, :end], bias, None, current,
-                        valid_Rn, packed=self.layout == "packed", on_pairs=self._pairs_recorder(block))
+        return self._after_append(block, CachedKV(
+            self.keys[block][:, :, :end], self.values[block][:, :, :end], bias, None, current, valid_Rn,
+            packed=self.layout == "packed", on_pairs=self._pairs_recorder(block)), valid_Rn)
+
+    def _after_append(self, block: int, kv: CachedKV, valid_Rn: torch.Tensor | None) -> CachedKV:
+        """An evicted block: record the kept key length; a per-head masked block: fold the head mask into the
+        attention mask (``[R, H, 1, L]``, one masked SDPA call instead of the varlen path) and record the kept
+        query-key pairs (valid keys averaged over heads, times valid queries)."""
+        if not self.evicted[block]:
+            return kv
+        L = kv.keys.shape[2]
+        R, H = kv.keys.shape[:2]
+        head_valid = self.head_valid[block]
+        if head_valid is None:
+            self.attention_lengths[block] = L if kv.lengths is None else max(kv.lengths)
+            return kv
+        valid_RHL = head_valid[:, :, :L].clone()
+        if kv.bias is not None:
+            valid_RHL &= (kv.bias[:, :, 0, :] == 0).expand(R, H, L)
+        keys_RH = valid_RHL.sum(2)  # kept keys per row and head
+        queries_R = (torch.full((R,), kv.current_Rn.shape[1], device=keys_RH.device) if valid_Rn is None
+                     else valid_Rn.sum(1))
+        self._kept_pairs[block] = int(round(float((queries_R.double() * keys_RH.double().mean(1)).sum())))
+        self.attention_lengths[block] = int(round(float(keys_RH.double().mean())))
+        return CachedKV(kv.keys, kv.values, _bias(valid_RHL, kv.keys.dtype, per_head=True), None, kv.current_Rn,
+                        kv.current_valid_Rn, packed=False, on_pairs=kv.on_pairs)
 
     def _append_packed(self, block: int, k_RHnd: torch.Tensor, v_RHnd: torch.Tensor,
                        valid_Rn: torch.Tensor | None, counts: list[int] | None) -> CachedKV:
@@ -182,20 +262,114 @@ class KVCache:
 
     def _pairs_recorder(self, block: int):
         def record(pairs: int) -> None:
-            self.attention_pairs[block] = int(pairs)
+            self.attention_pairs[block] = int(self._kept_pairs.pop(block, pairs))
         return record
 
     def take_attention_pairs(self, block: int) -> int | None:
         """Query-key pairs of ``block``'s latest attention call when its rows were ever ragged (the FLOPs counter's
         own model is exact otherwise), else None; cleared by the call."""
         pairs = self.attention_pairs.pop(block, None)
-        return pairs if self.ragged[block] else None
+        return pairs if self.ragged[block] or self.evicted[block] else None
+
+    def take_attention_lengths(self) -> tuple[int | None, ...]:
+        """Per block: kept keys per row its latest attention read, for evicted blocks (None elsewhere); empty when
+        no block was evicted. Cleared by the call."""
+        if not any(self.evicted):
+            return ()
+        out = tuple(self.attention_lengths.get(b) for b in range(self.num_blocks))
+        self.attention_lengths = {}
+        return out
+
+    # ------------------------------------------------------------------------------------------ eviction
+    def view(self, block: int) -> KVBlockView | None:
+        """The live part of ``block``'s cache (None before its first append)."""
+        k = self.keys[block]
+        if k is None:
+            return None
+        L = self.lengths[block]
+        rows = self.row_lengths[block]
+        valid = self.head_valid[block]
+        if self.valid[block] is not None:  # padded layout: padding entries of ragged appends
+            pad = self.valid[block][:, None, :L].expand(k.shape[0], k.shape[1], L)
+            valid = pad if valid is None else valid[:, :, :L] & pad
+        return KVBlockView(k[:, :, :L], self.values[block][:, :, :L], None if rows is None else tuple(rows),
+                           None if valid is None else valid[:, :, :L])
+
+    def evict(self, block: int, keep: KVKeep, deferred: list | None = None) -> None:
+        """Keep only ``keep``'s positions of ``block`` (see :class:`KVKeep`), compacted to the front in order.
+
+        The checks (positions in range, no empty head) and whether padding is left need one host read; with
+        ``deferred`` (a list) they are appended there and :meth:`settle` reads every block's at once."""
+        view = self.view(block)
+        if view is None:
+            raise RuntimeError(f"KVCache.evict: block {block} holds no keys yet")
+        R, H, L, d = view.keys.shape
+        index = keep.index.to(device=view.keys.device, dtype=torch.long)
+        if index.dim() == 2:
+            index = index.unsqueeze(1).expand(R, H, index.shape[-1])
+        if index.dim() != 3 or index.shape[:2] != (R, H):
+            raise ValueError(f"KVKeep.index must be [R, m] or [R, H, m] with R={R}, H={H}; got "
+                             f"{tuple(keep.index.shape)}")
+        m = index.shape[2]
+        if m > L or m == 0:
+            raise ValueError(f"KVKeep of block {block}: keep 1 to {L} positions, got {m}")
+        valid = None
+        if keep.valid is not None:
+            valid = keep.valid.to(view.keys.device, torch.bool)
+            if valid.dim() == 2:
+                valid = valid.unsqueeze(1).expand(R, H, m)
+        old = view.head_valid
+        if view.row_lengths is not None:
+            in_row = (torch.arange(L, device=index.device).view(1, 1, L)
+                      < torch.tensor(view.row_lengths, device=index.device).view(R, 1, 1)).expand(R, H, L)
+            old = in_row if old is None else old & in_row
+        if old is not None:
+            carried = old.gather(2, index)
+            valid = carried if valid is None else valid & carried
+        # positions in range, whether any padding is left, no empty head: one host read (here or in settle)
+        false = torch.zeros((), dtype=torch.bool, device=index.device)
+        checks = torch.stack([(index < 0).any() | (index >= L).any(), false if valid is None else ~valid.all(),
+                              false if valid is None else ~valid.any(2).all()])
+        index_d = index.unsqueeze(-1).expand(R, H, m, d)
+        kept_k = view.keys.gather(2, index_d)
+        kept_v = view.values.gather(2, index.unsqueeze(-1).expand(R, H, m, view.values.shape[-1]))
+        self.keys[block][:, :, :m] = kept_k
+        self.values[block][:, :, :m] = kept_v
+        self.lengths[block] = m
+        self.row_lengths[block] = None
+        self._row_lengths_dev.pop(block, None)
+        self.valid[block] = None
+        self.evicted[block] = True
+        self.head_valid[block] = None
+        if valid is not None:
+            buffer = torch.ones(R, H, self.keys[block].shape[2], dtype=torch.bool, device=valid.device)
+            buffer[:, :, :m] = valid
+            self.head_valid[block] = buffer
+        if deferred is None:
+            self.settle([(block, L, checks)])
+        else:
+            deferred.append((block, L, checks))
+
+    def settle(self, deferred: list) -> None:
+        """Read the deferred checks of :meth:`evict` (one host read for all blocks): raise on a bad keep, drop the
+        head masks that hold no padding (those blocks attend without a mask)."""
+        if not deferred:
+            return
+        flags = torch.stack([c for _, _, c in deferred]).tolist()
+        for (block, L, _), (out_of_range, padded, empty) in zip(deferred, flags):
+            if out_of_range:
+                raise ValueError(f"KVKeep of block {block}: positions must lie in [0, {L})")
+            if empty:
+                raise ValueError(f"KVKeep of block {block}: a row/head keeps no valid position")
+            if not padded:
+                self.head_valid[block] = None
 
     def select_rows(self, rows: slice) -> None:
         """Keep only the given network rows (e.g. the conditional half when guidance stops)."""
         self.keys = [None if k is None else k[rows] for k in self.keys]
         self.values = [None if v is None else v[rows] for v in self.values]
         self.valid = [None if m is None else m[rows] for m in self.valid]
+        self.head_valid = [None if m is None else m[rows] for m in self.head_valid]
         self.row_lengths = [None if lens is None else lens[rows] for lens in self.row_lengths]
         self._row_lengths_dev = {}
         for block, lens in enumerate(self.row_lengths):
@@ -203,17 +377,51 @@ class KVCache:
                 self.row_lengths[block] = None
                 self.lengths[block] = lens[0] if lens else 0
 
-    def nbytes(self) -> int:
-        """Bytes actually holding cached keys and values (not the pre-allocated slack)."""
-        total = 0
+    def nbytes(self, kept: bool = True) -> int:
+        """Bytes of the cached keys and values (not the pre-allocated slack), from the buffers' shapes and element
+        sizes: ``kept=True`` counts valid entries only (each row's own length, per-head masks of an eviction, the
+        padded layout's padding excluded); ``kept=False`` the entries the buffers hold for them (padding included:
+        what a padded store occupies)."""
+        total, masked = 0, []
         for block, (k, n) in enumerate(zip(self.keys, self.lengths)):
-            if k is not None:
-                rows, heads, _, hd = k.shape
-                per_row = self.row_lengths[block] or [n] * rows
-                total += 2 * heads * sum(per_row) * hd * k.element_size()
-        return total
+            if k is None:
+                continue
+            rows, heads, _, hd = k.shape
+            per_entry = hd * k.element_size() + self.values[block].shape[-1] * self.values[block].element_size()
+            if not kept:
+                total += per_entry * heads * sum(self.row_lengths[block] or [n] * rows)
+                continue
+            view = self.view(block)
+            if view.head_valid is not None:
+                entries = view.head_valid
+                if view.row_lengths is not None:
+                    entries = entries & (torch.arange(n, device=entries.device).view(1, 1, n) < torch.tensor(
+                        view.row_lengths, device=entries.device).view(rows, 1, 1))
+                masked.append(entries.sum() * per_entry)
+            else:
+                total += per_entry * heads * sum(self.row_lengths[block] or [n] * rows)
+        return total + (int(torch.stack(masked).sum()) if masked else 0)  # one host read for the masked blocks
 
 
-def _bias(valid_RL: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def apply_kv_policy(policy, ctx, cache: KVCache, record):
+    """The loop's KV-cache step after scale ``ctx``: ``policy.plan_kv`` decides, per block, the positions that stay
+    (None / missing block: all of them); the cache evicts the rest. Returns ``record`` with the KV bytes: the
+    cache during the scale (``kv_bytes_peak``, what this scale's attention read) and kept for later scales
+    (``kv_bytes``, ``kv_bytes_stored`` with padding), and the kept key lengths the attention read
+    (``attention_lengths``, evicted blocks only)."""
+    peak = cache.nbytes()
+    decisions = policy.plan_kv(ctx, cache)
+    deferred: list = []
+    for block, keep in (decisions or {}).items():
+        if keep is not None:
+            cache.evict(block, keep, deferred)
+    cache.settle(deferred)
+    return dataclasses.replace(record, kv_bytes_peak=peak, kv_bytes=cache.nbytes(),
+                               kv_bytes_stored=cache.nbytes(kept=False),
+                               attention_lengths=cache.take_attention_lengths())
+
+
+def _bias(valid_RL: torch.Tensor, dtype: torch.dtype, per_head: bool = False) -> torch.Tensor:
+    """Additive mask: ``valid [R, L]`` -> ``[R, 1, 1, L]``; ``per_head``: ``valid [R, H, L]`` -> ``[R, H, 1, L]``."""
     bias = torch.zeros(valid_RL.shape, dtype=dtype, device=valid_RL.device).masked_fill_(~valid_RL, float("-inf"))
-    return bias[:, None, None, :]
+    return bias[:, :, None, :] if per_head else bias[:, None, None, :]

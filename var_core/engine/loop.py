@@ -16,6 +16,7 @@ import torch
 
 from .adapters.base import ModelAdapter, row_slice_after_drop
 from .context import GenerationInfo, GuidanceMode, ScaleContext, ScalePlan, ScaleRecord
+from .kvcache import apply_kv_policy
 from .lens_probe import LensProbe
 from .packing import copy_padding_outputs, padding_sources
 from .policy import Policy, ProjectedTokens, TokenSelection, gather_tokens
@@ -173,6 +174,7 @@ def generate(
                 record = _run_scale(adapter, state, ctx, plan, policy, cache, tracer, sampling, generators,
                                     shared_generator, options)
                 tracer.scale_end(si)
+                record = apply_kv_policy(policy, ctx, cache, record)  # eviction + measured KV bytes
                 records.append(record)
                 policy.end_scale(ctx, record)
         images = None

@@ -18,6 +18,8 @@ slot                   when                                        returns
 ``latent_mask``        after sampling, before the latent update    bool ``[B, N]`` (tokens whose residual enters
                                                                    the latent) or None (all)
 ``end_scale``          after sampling and latent update            nothing
+``plan_kv``            after a scale, before ``end_scale``         per block: cached positions that stay
+                                                                   (``KVKeep``) or None (all)
 =====================  ==========================================  =========================================
 
 ``R`` is the number of network rows at the scale (``2B`` with both CFG halves: conditional rows first).
@@ -161,6 +163,12 @@ class Policy:
     def latent_mask(self, ctx: ScaleContext) -> torch.Tensor | None:
         """bool ``[B, N]``: the tokens whose sampled residual enters the latent at this scale; the others add a zero
         residual there (LD-Pruning's sparse residual tokens). Default None: every token's residual is accumulated."""
+        return None
+
+    def plan_kv(self, ctx: ScaleContext, cache) -> dict | None:
+        """The KV-cache policy (issue 29): after scale ``ctx``, ``{block: KVKeep}`` of the cached positions that
+        stay for later scales (``cache.view(block)`` reads a block's live keys; see ``engine.kvcache``). A block
+        left out (or None) keeps everything. Default: None, every key stays."""
         return None
 
     def end_scale(self, ctx: ScaleContext, record: ScaleRecord) -> None:
