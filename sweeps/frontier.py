@@ -18,7 +18,8 @@ quality with CIs, Pareto flags), ``matched_cost.csv`` (each method's quality int
 the FLOPs ratio and of the measured speedup, value and 95 % bootstrap CI), ``matched_tests.csv`` (paired t-tests
 between every two methods per level, Holm-corrected), ``frontier.md`` (the tables, the dominance summary, the area
 under each frontier over the common range with its CI), ``frontier.png`` and ``frontier.json``.
-Peak / KV memory is not an axis yet: the evaluator's records keep FLOPs and seconds per batch, not memory.
+Cost axes: FLOPs ratio, measured speedup and the peak-memory ratio (the profiler probe's peak bytes per batch:
+analytic on a CPU, measured on CUDA; records written before the evaluator kept it have no memory axis).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ __all__ = ["FrontierSpec", "DEFAULT_METHODS", "QUALITY_METRICS", "run_frontier",
 
 DEFAULT_METHODS = ("nova", "fastvar", "ldpruning", "stagevar")
 QUALITY_METRICS = ("ssim", "psnr", "ms_ssim", "token_agreement", "class_acc_delta", "class_prob_delta")
-AXES = ("flops_ratio", "speedup")
+AXES = ("flops_ratio", "speedup", "memory_ratio")  # memory: peak bytes per batch (analytic on a CPU)
 
 
 class FrontierError(UserError, ValueError):
@@ -218,6 +219,8 @@ def frame_points(points: list[dict], base: dict, metric: str, axis: str):
         rec = p["record"]
         if axis == "flops_ratio":
             arm, ref = _per_sample_shares(rec, "flops"), _per_sample_shares(base, "flops")
+        elif axis == "memory_ratio":  # ratio of the batches' summed peaks
+            arm, ref = _per_sample_shares(rec, "peak_memory_bytes"), _per_sample_shares(base, "peak_memory_bytes")
         else:
             arm = _per_sample_shares(rec, "seconds")
             ref = (_per_sample_shares(rec, "seconds", "reference_batches") if rec["timing"].get("reference_batches")
@@ -338,6 +341,9 @@ def analyse_points(chosen: list[dict], base: dict, metrics, out_dir: Path, *, fl
                 break
             measured = {m: [float(point_cost(p.arm_cost, p.base_cost, axis)) for p in pts]
                         for m, pts in methods.items()}
+            if not all(np.isfinite(c) for v in measured.values() for c in v):
+                log(f"{metric} vs {axis}: n/a (a record has no {axis} source: older records carry no peak memory)")
+                continue
             rng = common_range((min(v), max(v)) for v in measured.values())
             given = flops_levels if axis == "flops_ratio" else speedup_levels
             levels = tuple(given) or (default_levels(*rng, axis) if rng else ())

@@ -62,9 +62,9 @@ def plot_frontier(points, analyses: dict, path: Path, *, model: str = "", sample
                 pub = dm["published"].to_numpy(bool)
                 if pub.any():
                     ax.scatter(x[pub], y[pub], marker="*", s=260, color=color, edgecolors="black", lw=0.8, zorder=6)
-            ax.set_xlabel(AXIS_LABEL.get(axis, axis) + (" (lower = cheaper)" if axis == "flops_ratio" else ""))
+            ax.set_xlabel(AXIS_LABEL.get(axis, axis) + (" (lower = cheaper)" if axis != "speedup" else ""))
             ax.set_ylabel(METRICS[metric].label if metric in METRICS else metric)
-            if axis == "flops_ratio":
+            if axis != "speedup":
                 ax.invert_xaxis()  # cheaper to the right on both axes
             if r == 0 and c == 0:
                 ax.legend(fontsize=8, loc="best")

@@ -6,7 +6,7 @@ import math
 
 __all__ = ["frontier_markdown", "dominance_lines", "fmt_ci"]
 
-AXIS_LABEL = {"flops_ratio": "FLOPs ratio", "speedup": "measured speedup"}
+AXIS_LABEL = {"flops_ratio": "FLOPs ratio", "speedup": "measured speedup", "memory_ratio": "peak-memory ratio"}
 
 
 def fmt_ci(value, low, high, digits: int = 3) -> str:

@@ -110,3 +110,17 @@ def test_frame_points_reads_runner_records_flops_per_image():
                              "flops_ratio")
     np.testing.assert_allclose(frames["m"][0].arm_cost, [25.0, 25.0])
     np.testing.assert_allclose(frames["m"][0].base_cost, [100.0, 100.0])
+
+
+def test_frame_points_memory_axis_is_the_ratio_of_summed_batch_peaks():
+    base = _record([0, 1, 2, 3], [1, 1], [1.0, 1.0], {"ssim": [1, 1, 1, 1]})
+    arm = _record([0, 1, 2, 3], [1, 1], [1.0, 1.0], {"ssim": [0.9, 0.9, 0.9, 0.9]})
+    for rec, peaks in ((base, (100, 300)), (arm, (50, 250))):
+        for batch, peak in zip(rec["timing"]["batches"], peaks):
+            batch["peak_memory_bytes"] = peak
+    from sweeps.frontier_stats import point_cost
+
+    frames, _ = frame_points([{"method": "m", "label": "x", "published": False, "record": arm}], base, "ssim",
+                             "memory_ratio")
+    p = frames["m"][0]
+    assert point_cost(p.arm_cost, p.base_cost, "memory_ratio") == pytest.approx((50 + 250) / (100 + 300))
