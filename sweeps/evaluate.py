@@ -355,7 +355,7 @@ class SweepEvaluator:
             probe = (b.get("probes") or {}).get("profile") or {}
             batches.append({"first_index": b["indices"][0] if b["indices"] else None, "size": b["size"],
                             "seconds": b["seconds"], "seconds_repeats": b.get("seconds_repeats"),
-                            "flops": probe.get("flops")})
+                            "flops": probe.get("flops"), "peak_memory_bytes": probe.get("peak_memory_bytes")})
         record["timing"].update({
             "batches": batches, "generate_seconds": sum(b["seconds"] for b in batches),
             "predict_wall_seconds": run.wall_seconds, "images": sum(b["size"] for b in batches),
