@@ -34,7 +34,7 @@ def test_help_lists_every_command_on_one_line():
     assert proc.stdout.startswith("usage: varscope COMMAND")
     listed = [line.split()[0] for line in proc.stdout.split("commands:\n")[1].split("\n\n")[0].splitlines()]
     assert listed == ["ablate", "sweep", "sensitivity", "latency", "bench", "report", "verify", "ls", "calibrate",
-                      "gpucheck", "demo", "fid-reference", "preset-flops"] == list(COMMANDS)
+                      "gpucheck", "demo", "fid-reference", "frontier", "claims", "preset-flops"] == list(COMMANDS)
     bare = _varscope()
     assert bare.returncode == 2 and "commands:" in bare.stderr  # no command: the list, and a failure status
 
