@@ -218,3 +218,12 @@ def test_hack_without_its_calibration_file_is_a_user_error(testbed, tmp_path):
     config = PolicyConfig(name="hack", kv=component_config("kv", "hack", calibration=str(tmp_path / "none.json")))
     with pytest.raises(UserError, match="varscope calibrate hack"):
         _run(testbed, config)
+
+
+def test_ablate_validate_builds_and_runs_every_kv_arm(fixture_dir):
+    from ablations.validate import validate_families
+
+    report = validate_families(["kv"], model="official-tiny", weights=fixture_dir, threads=1)
+    assert report.ok, report.errors
+    arms = {arm for family, arm, _ in report.checked if family == "kv"}
+    assert {"scalekv@10%", "hack@10%", "keep_recent@10%", "fastvar+scalekv"} <= arms and len(arms) == 16
