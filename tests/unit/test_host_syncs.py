@@ -225,3 +225,20 @@ def test_attention_and_kv_cache_take_the_selections_counts():
         assert counter.total == 0, counter.by_site()
         assert queries == counts == [int(v.sum()) for v in valid]
         assert list(kv.lengths) == [3 + c for c in counts] == cache.row_lengths[0]
+
+
+def test_row_packing_without_a_static_nonzero_packs_the_same(monkeypatch):
+    """A backend without ``torch.nonzero_static``: the stable-sort fallback finds the same valid positions."""
+    from var_core.engine.packing import RowPacking
+    from var_core.engine.policy import ragged_selection
+
+    keep, valid, counts = _ragged(R=6, n=9, N=20, seed=2)
+    expect = valid.reshape(-1).nonzero().squeeze(1)  # before the stand-in: the reading route
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError("nonzero_static")
+
+    monkeypatch.setattr(torch, "nonzero_static", missing)
+    selection = ragged_selection(keep, valid, counts)
+    packing = RowPacking(selection.index_Rn, selection.valid_Rn)
+    assert torch.equal(packing._flat_valid, expect) and packing.total == sum(counts)

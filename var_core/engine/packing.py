@@ -33,6 +33,15 @@ def host_counts(valid_Rn: torch.Tensor | None) -> tuple[int, ...] | None:
     return None if valid_Rn is None else getattr(valid_Rn, _HOST_COUNTS, None)
 
 
+def _valid_positions(valid_flat: torch.Tensor, total: int) -> torch.Tensor:
+    """The positions of the ``total`` True entries, in order, without a read of the mask (``nonzero`` sizes its
+    output from the values); a stable sort where a backend has no static-size ``nonzero``."""
+    try:
+        return torch.nonzero_static(valid_flat, size=total).squeeze(1)
+    except (NotImplementedError, RuntimeError):
+        return valid_flat.to(torch.uint8).sort(descending=True, stable=True).indices[:total]
+
+
 class RowPacking:
     """Valid-token packing of a padded ``[R, n, ·]`` selection: ``keep_Rn`` token indices, ``valid_Rn`` False on
     padding slots, each of which repeats a kept index of its row (valid slots sorted by token, as selections are)."""
@@ -43,7 +52,7 @@ class RowPacking:
         counts = host_counts(valid_Rn)
         if counts is not None:  # sizes known on the host: nothing read back
             self.total = sum(counts)
-            self._flat_valid = torch.nonzero_static(valid_Rn.reshape(-1), size=self.total).squeeze(1)
+            self._flat_valid = _valid_positions(valid_Rn.reshape(-1), self.total)
             self._row_of_token = torch.div(self._flat_valid, n, rounding_mode="floor")
             # packed position of each slot's token: the valid slot holding it (itself for a valid slot), counted
             # over the valid slots before it
