@@ -28,6 +28,8 @@ def harness_config(kind: str, name: str) -> PolicyConfig:
         activation=component_config("activation", "fixed", start_scale=-2),
         schedule=component_config("schedule", "fixed_table", ratios=(0.5, 0.5)),
     )
+    if kind == "attention":  # a sparse attention pattern runs on dense scales: no token pruning in the harness
+        base = dataclasses.replace(base, activation=component_config("activation", "never"))
     return dataclasses.replace(base, **{kind: component_config(kind, name)})
 
 

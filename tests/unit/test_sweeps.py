@@ -139,6 +139,10 @@ EXPECTED_SPACES = {
     "stepvar": [
         ("scorer.structure_weight", "float", 0.0, 4.0, False, None, 1.0),
     ],
+    "sparvar": [
+        ("attention.decision_scale", "int", -5, -2, False, None, -3),
+        ("attention.top_keys", "float", 0.05, 0.5, False, None, 0.2),
+    ],
 }
 
 

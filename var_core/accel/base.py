@@ -282,3 +282,11 @@ class KVPolicy(Component):
         gives a block's live keys (:class:`~var_core.engine.kvcache.KVBlockView`)."""
         return None
 
+
+class AttentionSparsity(Component):
+    """The attention pattern: per block and scale, which cached keys each query attends to (``engine.attention``)."""
+
+    def pattern(self, ctx: ScaleContext, block: int, signals: Signals):
+        """An :class:`~var_core.engine.attention.AttentionPattern` for ``block``'s self-attention at this scale, or
+        None (dense)."""
+        return None

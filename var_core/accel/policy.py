@@ -22,7 +22,7 @@ from .base import Component, Needs, Signals, block_chunk, ends_block_chunk
 from .knobs import knob
 from .registry import REGISTRIES
 
-COMPONENT_KINDS = ("scorer", "activation", "schedule", "restorer", "guidance", "skip", "kv")
+COMPONENT_KINDS = ("scorer", "activation", "schedule", "restorer", "guidance", "skip", "kv", "attention")
 
 
 def component_config(kind: str, name: str, **params):
@@ -58,6 +58,7 @@ class PolicyConfig:
     guidance: Any = _default("guidance", "full")
     skip: Any = _default("skip", "none")
     kv: Any = _default("kv", "keep_all")  # the KV-cache policy (issue 29); keep_all leaves config hashes unchanged
+    attention: Any = _default("attention", "dense")  # the attention pattern (issue 29); dense: hashes unchanged
     cfg_rows: str = knob("shared", "how CFG rows choose tokens: 'shared' = the conditional row's choice is used "
                          "by both halves (keeps CFG rows aligned; NOVA, LD-Pruning), 'per_row' = each row selects "
                          "on its own scores (FastVAR's code)", choices=("shared", "per_row"))
@@ -113,6 +114,8 @@ class PolicyConfig:
             value = getattr(self, f.name)
             if f.name == "kv" and value == component_config("kv", "keep_all"):
                 continue  # the default KV policy: configs (and their hashes) read as before the kind existed
+            if f.name == "attention" and value == component_config("attention", "dense"):
+                continue  # dense attention: configs (and their hashes) read as before the kind existed
             if f.name in COMPONENT_KINDS:
                 out[f.name] = value.to_dict()
             elif f.metadata.get("omit_default") and value == f.default:
@@ -180,6 +183,7 @@ class AccelPolicy(Policy):
         self.guidance = self.parts["guidance"]
         self.skip = self.parts["skip"]
         self.kv = self.parts["kv"]
+        self.attention = self.parts["attention"]
 
     def resolve_for(self, info: GenerationInfo) -> PolicyConfig:
         """Put the config resolved for the model ``info`` describes in force (``per_model``); returns it."""
@@ -402,6 +406,9 @@ class AccelPolicy(Policy):
     def observe_logits(self, ctx, raw_logits_RNV):
         for part in self.parts.values():
             part.observe_logits(ctx, raw_logits_RNV, self.signals)
+
+    def plan_attention(self, ctx: ScaleContext, block: int):
+        return self.attention.pattern(ctx, block, self.signals)
 
     def plan_kv(self, ctx: ScaleContext, cache):
         with self._span("kv", ctx.scale_index):

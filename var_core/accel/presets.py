@@ -159,7 +159,7 @@ def describe_config(config: PolicyConfig) -> str:
     """One line: every acting component with all its knobs, then the policy options that differ from
     :class:`PolicyConfig`'s defaults (``name`` and ``per_model`` left out). Components that do nothing are left
     out: ``none`` / ``full`` ones, and scorer, schedule and restorer under the ``never`` activation."""
-    inert = {"skip": ("none",), "guidance": ("full",), "activation": ("never",)}
+    inert = {"skip": ("none",), "guidance": ("full",), "activation": ("never",), "attention": ("dense",)}
     never = config.activation.component_name == "never"
     parts = []
     for kind in COMPONENT_KINDS:
@@ -646,6 +646,15 @@ def stepvar() -> PolicyConfig:
         cfg_rows="shared",
         granularity="block",
     )
+
+
+@preset("sparvar")
+def sparvar() -> PolicyConfig:
+    """SparVAR (arXiv 2602.04361): every token computed, attention sparse from the decision scale on — CS4A's top
+    20 % keys per query group of scale −3 carried to the last two scales, plus CSLA windows 7 and 9 on their own
+    scale (``attention=sparvar``; FOUND / RECONSTRUCTED parts in its docstring). Without the paper's scale skipping
+    (its 2.28× setting) and without the port's output cache."""
+    return PolicyConfig(name="sparvar", attention=_c("attention", "sparvar"))
 
 
 @preset("scalekv")

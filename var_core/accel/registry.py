@@ -89,6 +89,7 @@ RESTORERS = Registry("restorer", "var_core.accel.restorers")
 GUIDANCES = Registry("guidance", "var_core.accel.guidance")
 SKIPS = Registry("skip", "var_core.accel.skip")
 KV_POLICIES = Registry("kv", "var_core.accel.kv")  # the KV-cache policy (issue 29): which cached keys stay
+ATTENTION_PATTERNS = Registry("attention", "var_core.accel.attention")  # sparse attention patterns (issue 29)
 
 REGISTRIES: dict[str, Registry] = {r.kind: r for r in (SCORERS, ACTIVATIONS, SCHEDULES, RESTORERS, GUIDANCES, SKIPS,
-                                                       KV_POLICIES)}
+                                                       KV_POLICIES, ATTENTION_PATTERNS)}

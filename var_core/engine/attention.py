@@ -27,6 +27,13 @@ logits and ``Z_i = Σ_j exp(s_ij)``; both terms come from a blockwise pass that 
 
 All three agree to float error (``tests/unit/test_attention_entropy_chunked.py``). The attention OUTPUT of an
 observed block is the ordinary SDPA output, so observing a block no longer changes what it computes.
+
+Sparse attention patterns (:class:`AttentionPattern`, returned by ``Policy.plan_attention`` per block and scale):
+key subsets per group of queries, cross-scale local windows (:class:`ScaleWindows`) and dense prefixes, over the
+dense cache. :func:`masked_attention_reference` is the reference (materialised logits, masked softmax);
+:func:`sparse_attention` runs a pattern with the kernel it names (SDPA with a boolean mask, a gathered key union per
+query group, or FlexAttention's block masks) and counts the attended pairs, which the FLOPs counters charge
+(``tests/unit/test_attention_pattern.py``; CPU timings: ``profilers/sparse_attention_bench.py``).
 """
 
 from __future__ import annotations
@@ -161,9 +168,11 @@ class CachedAttention:
     cache. After the call, :meth:`probe` gives the block's :class:`AttentionProbe`.
     """
 
-    def __init__(self, kv: CachedKV, query_valid_Rn: torch.Tensor | None = None):
+    def __init__(self, kv: CachedKV, query_valid_Rn: torch.Tensor | None = None,
+                 pattern: "AttentionPattern | None" = None):
         self.kv = kv
         self.query_valid_Rn = query_valid_Rn
+        self.pattern = pattern  # a sparse pattern over the cache (Policy.plan_attention); None = dense
         self.pairs = 0
         self._q: torch.Tensor | None = None
         self._scale = 1.0
@@ -174,6 +183,14 @@ class CachedAttention:
         self._q, self._scale = q_RHnd, float(scale)
         R, H, n, _ = q_RHnd.shape
         L = kv.keys.shape[2]
+        if self.pattern is not None:
+            if kv.lengths is not None or self.query_valid_Rn is not None:
+                raise ValueError("a sparse attention pattern runs on a dense scale over a dense cache; this block's "
+                                 "rows are ragged (token pruning): prune tokens or sparsify attention, not both")
+            out, self.pairs = sparse_attention(q_RHnd, kv.keys, kv.values, self.pattern, scale, kv.bias)
+            if kv.on_pairs is not None:
+                kv.on_pairs(self.pairs)
+            return out
         counts = None
         if kv.packed and (kv.lengths is not None or self.query_valid_Rn is not None):
             counts = [n] * R if self.query_valid_Rn is None else _prefix_counts(self.query_valid_Rn)
@@ -383,6 +400,22 @@ class AttentionProbe:
         """``[R, n]`` per-query entropy averaged over heads (the mean of per-head entropies)."""
         return self.head_entropy().mean(1)
 
+    def key_mass(self, query_block: int) -> torch.Tensor:
+        """``[R, H, G, L]`` float32: for each group of ``query_block`` consecutive queries (``G = ⌈n/query_block⌉``),
+        the attention probability each cached key receives, summed over the group's queries (per head; masked keys
+        get 0). One group's ``[R, H, query_block, L]`` probabilities at a time (SparVAR's block column sums)."""
+        R, H, n = self.rows, self.heads, self.queries
+        L = self.num_keys
+        groups = -(-n // query_block)
+        out = torch.zeros(R, H, groups, L, device=self.q.device)
+        bias = None if self.kv.bias is None else self.kv.bias.float()
+        keys = self.kv.keys.float()
+        for g in range(groups):
+            q = self.q[:, :, g * query_block:(g + 1) * query_block].float()
+            out[:, :, g] = _masked_logits(q, keys, self.scale, bias).softmax(-1).sum(2)
+        self.flops += self._qk_flops(L)
+        return out
+
     def received_mass(self, query_weight_Rn: torch.Tensor | None = None, query_chunk: int = 256) -> torch.Tensor:
         """``[R, n]``: for each query slot ``j`` of this scale, the head-averaged probability mass its key receives
         from the scale's queries, ``Σ_i w_i · mean_h α_h,i,key(j)`` (``w``: ``query_weight_Rn``, default 1; slots
@@ -411,6 +444,296 @@ class AttentionProbe:
         return mass
 
 
-__all__ = ["AttentionProbe", "CachedAttention", "CachedKV", "ENTROPY_METHODS", "RAGGED_ATTENTION",
-           "attention_entropy", "entropy_chunked", "entropy_fused", "entropy_materialised", "fused_available",
-           "row_groups"]
+# ------------------------------------------------------------------------------------------------ sparse patterns
+SPARSE_KERNELS = ("reference", "sdpa", "gather", "flex")
+
+
+@dataclass(frozen=True)
+class ScaleWindows:
+    """Cross-scale local windows (a CSLA-style pattern) over a next-scale cache laid out scale after scale.
+
+    Keys: the ``L`` cache positions of the scales ``0 .. k`` in raster order (``scale_hw[:k+1]``). A query at
+    ``(y, x)`` of the current scale ``(h, w)`` attends to a key at ``(y', x')`` of scale ``s`` (grid ``(h_s, w_s)``)
+    when ``radius[s] >= 0`` and ``|y' − ⌊y·h_s/h⌋| ≤ radius[s]`` and ``|x' − ⌊x·w_s/w⌋| ≤ radius[s]`` (the key grid's
+    cell under the query, and its neighbours; at a border the window is cut, not shifted). ``radius[s] = −1``: no
+    window on scale ``s``. The current scale's own window (``radius[k] >= 0``) always holds the query's own key."""
+
+    scale_hw: tuple[tuple[int, int], ...]  # the grids of the scales in the cache, the current (query) scale last
+    radius: tuple[int, ...]  # per scale in ``scale_hw``: half-width of the window (window size 2r+1), −1 = none
+
+    def __post_init__(self) -> None:
+        if len(self.radius) != len(self.scale_hw):
+            raise ValueError(f"ScaleWindows: {len(self.radius)} radii for {len(self.scale_hw)} scales")
+
+    @property
+    def num_keys(self) -> int:
+        return sum(h * w for h, w in self.scale_hw)
+
+    def mask(self, q0: int, q1: int, device) -> torch.Tensor:
+        """bool ``[q1 − q0, L]``: the window part of the pattern for the queries ``q0 .. q1−1`` of the scale (built
+        scale by scale from separable row and column windows: ``(q1 − q0) × L`` booleans, no integer work per
+        pair)."""
+        h, w = self.scale_hw[-1]
+        m = q1 - q0
+        q = torch.arange(q0, q1, device=device)
+        qy, qx = (q // w).view(m, 1), (q % w).view(m, 1)
+        parts = []
+        for (hs, ws), r in zip(self.scale_hw, self.radius):
+            if r < 0:
+                parts.append(torch.zeros(m, hs * ws, dtype=torch.bool, device=device))
+                continue
+            rows = (torch.arange(hs, device=device).view(1, hs) - qy * hs // h).abs() <= r  # [m, hs]
+            cols = (torch.arange(ws, device=device).view(1, ws) - qx * ws // w).abs() <= r  # [m, ws]
+            parts.append((rows.view(m, hs, 1) & cols.view(m, 1, ws)).view(m, hs * ws))
+        return torch.cat(parts, 1)
+
+    def local(self, q0: int, q1: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(keys [u], mask [q1 − q0, u])``: for each scale with a window, the rectangle of key rows and columns that
+        some query of ``q0 .. q1−1`` reaches (ascending cache positions), and the window mask over those keys. The
+        rectangles hold every key the windows reach, so the mask over them equals :meth:`mask` there (and
+        :meth:`mask` is False elsewhere)."""
+        h, w = self.scale_hw[-1]
+        m = q1 - q0
+        q = torch.arange(q0, q1, device=device)
+        qy, qx = (q // w).view(m, 1), (q % w).view(m, 1)
+        keys, masks, offset = [], [], 0
+        for (hs, ws), r in zip(self.scale_hw, self.radius):
+            if r >= 0:
+                rows = (torch.arange(hs, device=device).view(1, hs) - qy * hs // h).abs() <= r  # [m, hs]
+                cols = (torch.arange(ws, device=device).view(1, ws) - qx * ws // w).abs() <= r  # [m, ws]
+                y = rows.any(0).nonzero().flatten()
+                x = cols.any(0).nonzero().flatten()
+                keys.append((offset + y.view(-1, 1) * ws + x.view(1, -1)).flatten())
+                masks.append((rows.index_select(1, y).unsqueeze(2) & cols.index_select(1, x).unsqueeze(1)).flatten(1))
+            offset += hs * ws
+        if not keys:
+            return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(m, 0, dtype=torch.bool, device=device)
+        return torch.cat(keys), torch.cat(masks, 1)
+
+
+
+class AttentionPattern:
+    """Which cached keys each query of one block attends to at one scale: the union of
+
+    * ``key_blocks_RHGL`` (bool ``[R or 1, H or 1, G, L_b]``): for each group of ``query_block`` consecutive queries
+      (``G = ⌈n / query_block⌉``), the keys the whole group attends to (per row and head; ``L_b ≤ L`` covers the
+      first ``L_b`` cache positions, e.g. the keys a decision scale saw); None: none;
+    * ``windows`` (:class:`ScaleWindows`): per-query local windows; None: none;
+    * ``dense_keys``: the first that many cache positions, attended by every query (sinks; 0: none).
+
+    The mask is over this scale's ``n`` queries (all of them, in raster order) and the ``L`` cache positions of a
+    dense cache. :meth:`mask` materialises it for a range of queries (the reference); the attention core
+    (:class:`CachedAttention`) runs it with ``kernel`` (one of :data:`SPARSE_KERNELS`, see :func:`sparse_attention`).
+    After the call, :attr:`pairs` holds the attended query-key pairs (summed over rows, averaged over heads): what
+    the FLOPs and bytes counters charge.
+    """
+
+    def __init__(self, num_queries: int, num_keys: int, *, key_blocks_RHGL: torch.Tensor | None = None,
+                 query_block: int = 64, windows: ScaleWindows | None = None, dense_keys: int = 0,
+                 kernel: str = "sdpa"):
+        if kernel not in SPARSE_KERNELS:
+            raise ValueError(f"unknown sparse-attention kernel {kernel!r}; choose one of {SPARSE_KERNELS}")
+        if key_blocks_RHGL is not None:
+            groups = -(-num_queries // query_block)
+            if key_blocks_RHGL.dim() != 4 or key_blocks_RHGL.shape[2] != groups or \
+                    key_blocks_RHGL.shape[3] > num_keys:
+                raise ValueError(f"key_blocks_RHGL {tuple(key_blocks_RHGL.shape)}: expected [R|1, H|1, {groups}, "
+                                 f"<= {num_keys}] for {num_queries} queries in groups of {query_block}")
+        if windows is not None and windows.num_keys != num_keys:
+            raise ValueError(f"windows cover {windows.num_keys} keys, the pattern {num_keys}")
+        self.num_queries, self.num_keys = num_queries, num_keys
+        self.key_blocks_RHGL, self.query_block = key_blocks_RHGL, query_block
+        self.windows, self.dense_keys, self.kernel = windows, dense_keys, kernel
+        self.pairs: int | None = None
+
+    def mask(self, q0: int = 0, q1: int | None = None, device=None) -> torch.Tensor:
+        """bool ``[R|1, H|1, q1 − q0, L]``, True = the query attends to the key."""
+        q1 = self.num_queries if q1 is None else q1
+        if device is None:
+            device = self.key_blocks_RHGL.device if self.key_blocks_RHGL is not None else torch.device("cpu")
+        out = torch.zeros(1, 1, q1 - q0, self.num_keys, dtype=torch.bool, device=device)
+        if self.dense_keys:
+            out[..., :self.dense_keys] = True
+        if self.windows is not None:
+            out = out | self.windows.mask(q0, q1, device)
+        if self.key_blocks_RHGL is not None:
+            kb = self.key_blocks_RHGL.to(device)
+            group = torch.arange(q0, q1, device=device) // self.query_block
+            rows = kb.index_select(2, group)  # [R|1, H|1, q1-q0, L_b]
+            out = out.expand(rows.shape[0], rows.shape[1], -1, -1).clone()
+            out[..., :rows.shape[3]] |= rows
+        return out
+
+    def group_keys(self, q0: int, q1: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the queries ``q0 .. q1−1`` (inside one query group): ``(keys_RHu, mask)`` with ``keys_RHu`` int64
+        ``[R|1, H|1, u]`` the cache positions each row and head of the group may attend to (its group keys, then
+        the union of the queries' windows and the dense prefix; padding entries repeat a position and are masked)
+        and ``mask`` bool ``[R|1, H|1, q1 − q0, u]`` the pattern over them (the ``gather`` kernel's work)."""
+        m = q1 - q0
+        # keys every row and head may use: the dense prefix, then the windows' rectangles (prefix keys masked there)
+        prefix = torch.arange(self.dense_keys, device=device)
+        shared_keys, shared_mask = prefix, torch.ones(m, self.dense_keys, dtype=torch.bool, device=device)
+        if self.windows is not None:
+            window_keys, window_mask = self.windows.local(q0, q1, device)
+            window_mask = window_mask & (window_keys >= self.dense_keys)  # never two columns of one attended key
+            shared_keys = torch.cat((prefix, window_keys))
+            shared_mask = torch.cat((shared_mask, window_mask), 1)
+        shared_mask = shared_mask.view(1, 1, m, -1)
+        if self.key_blocks_RHGL is None:
+            return shared_keys.view(1, 1, -1), shared_mask
+        group = q0 // self.query_block
+        block = self.key_blocks_RHGL[:, :, group].to(device)  # [R|1, H|1, L_b]
+        L_b = block.shape[-1]
+        inside = shared_keys < L_b
+        # a group key that is also a shared key goes with the shared keys (its column: group key OR window)
+        first = torch.ones_like(shared_keys, dtype=torch.bool)  # the first column of each key (window duplicates)
+        if self.dense_keys:
+            first[self.dense_keys:] = shared_keys[self.dense_keys:] >= self.dense_keys
+        shared_mask = shared_mask | (block.index_select(-1, shared_keys.clamp(max=L_b - 1)) & inside & first
+                                     ).unsqueeze(2)
+        block = block.clone()
+        block[..., shared_keys[inside]] = False
+        count = int(block.sum(-1).max())
+        order = (~block).to(torch.uint8).sort(dim=-1, stable=True).indices[..., :count]  # selected positions first
+        valid = block.gather(-1, order)  # [R|1, H|1, c]
+        keys = torch.cat((order, shared_keys.view(1, 1, -1).expand(*order.shape[:2], -1)), -1)
+        mask = torch.cat((valid.unsqueeze(2).expand(-1, -1, m, -1),
+                          shared_mask.expand(order.shape[0], order.shape[1], -1, -1)), -1)
+        return keys, mask
+
+    def mask_mod(self, rows: int, heads: int, device, valid_RL: torch.Tensor | None = None):
+        """FlexAttention's ``mask_mod(b, h, q, k) -> bool`` for this pattern, from small tables (group keys padded
+        to ``L``: ``[R|1, H|1, G, L]``; per-key scale, row and column; per-scale grid and radius), never the
+        ``[R, H, n, L]`` mask: what ``create_block_mask`` needs to build a block-sparse mask on a GPU."""
+        L, dense = self.num_keys, self.dense_keys
+        kb = None
+        if self.key_blocks_RHGL is not None:
+            kb = self.key_blocks_RHGL.to(device)
+            if kb.shape[3] < L:
+                kb = torch.nn.functional.pad(kb, (0, L - kb.shape[3]))
+        win = self.windows
+        if win is not None:
+            h, w = win.scale_hw[-1]
+            key_scale = torch.cat([torch.full((hs * ws,), s, dtype=torch.long, device=device)
+                                   for s, (hs, ws) in enumerate(win.scale_hw)])
+            key_y = torch.cat([torch.arange(hs, device=device).repeat_interleave(ws) for hs, ws in win.scale_hw])
+            key_x = torch.cat([torch.arange(ws, device=device).repeat(hs) for hs, ws in win.scale_hw])
+            grid = torch.tensor(win.scale_hw, device=device)
+            radius = torch.tensor(win.radius, device=device)
+        group = self.query_block
+
+        def mask_mod(b, hd, q, k):
+            keep = k < dense
+            if kb is not None:
+                keep = keep | kb[b % kb.shape[0], hd % kb.shape[1], q // group, k]
+            if win is not None:
+                s = key_scale[k]
+                r = radius[s]
+                near_y = (key_y[k] - (q // w) * grid[s, 0] // h).abs() <= r
+                near_x = (key_x[k] - (q % w) * grid[s, 1] // w).abs() <= r
+                keep = keep | (near_y & near_x & (r >= 0))
+            if valid_RL is not None:
+                keep = keep & valid_RL[b, k]
+            return keep
+
+        return mask_mod
+
+    def take_pairs(self) -> int | None:
+        """The pairs of the latest attention call (then cleared)."""
+        pairs, self.pairs = self.pairs, None
+        return pairs
+
+
+def masked_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
+                               scale: float, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``softmax(scale·qkᵀ + bias, masked to keep)·v`` from materialised logits (float32; the tests' reference)."""
+    s = _masked_logits(q.float(), k.float(), scale, None if bias is None else bias.float())
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.matmul(s.softmax(-1), v.float()).to(q.dtype)
+
+
+def _bias_keep(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else torch.isfinite(bias)
+
+
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: AttentionPattern, scale: float,
+                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """Attention of ``q [R, H, n, d]`` over ``k, v [R, H, L, d]`` restricted to ``pattern``; returns ``(out, pairs)``.
+
+    ``pattern.kernel``:
+
+    * ``reference``: :func:`masked_attention_reference` (materialised logits, float32);
+    * ``sdpa``: one ``F.scaled_dot_product_attention`` call with the boolean mask ``[R|1, H|1, n, L]`` (every pair
+      is still computed on the CPU: the mask saves no time there; on CUDA the efficient kernel takes the mask);
+    * ``gather``: query group by query group (``pattern.query_block`` queries), each row's and head's keys of the
+      group (its group keys, the union of the queries' windows) are gathered and SDPA runs on them with the
+      group's mask: work ∝ Σ_groups group size × keys per head;
+    * ``flex``: ``torch.nn.attention.flex_attention`` with a ``BlockMask`` built from the pattern (compiled on CUDA:
+      a block-sparse kernel that skips empty 128×128 tiles; eager on the CPU, which materialises the scores).
+
+    ``pairs`` (also left in ``pattern.pairs``): the attended query-key pairs summed over rows and averaged over heads
+    (the mask's count), whatever the kernel computes internally."""
+    R, H, n, _ = q.shape
+    L = k.shape[2]
+    if pattern.num_queries != n or pattern.num_keys != L:
+        raise ValueError(f"attention pattern for {pattern.num_queries} queries over {pattern.num_keys} keys, but the "
+                         f"block attends {n} queries over {L} cached keys (sparse attention patterns run on dense "
+                         "scales over a dense cache: no token pruning or KV eviction in the same block)")
+    valid = _bias_keep(bias)  # [R, 1, 1, L] or None
+    kernel = pattern.kernel
+    if kernel == "flex":
+        valid_RL = None if valid is None else valid.reshape(R, L)
+        out = _flex(q, k, v, pattern.mask_mod(R, H, q.device, valid_RL), scale)
+        keep = pattern.mask(device=q.device) if valid is None else pattern.mask(device=q.device) & valid
+        pattern.pairs = int(torch.count_nonzero(keep)) * (R * H // (keep.shape[0] * keep.shape[1])) // H
+        return out, pattern.pairs
+    if kernel in ("reference", "sdpa"):
+        keep = pattern.mask(device=q.device)
+        if valid is not None:
+            keep = keep & valid
+        pattern.pairs = int(torch.count_nonzero(keep)) * (R * H // (keep.shape[0] * keep.shape[1])) // H
+        if kernel == "reference":
+            return masked_attention_reference(q, k, v, keep, scale), pattern.pairs
+        return sdpa(q, k, v, attn_mask=keep, scale=scale), pattern.pairs
+    out = q.new_empty(R, H, n, v.shape[-1])
+    pairs = 0
+    for q0 in range(0, n, pattern.query_block):
+        q1 = min(q0 + pattern.query_block, n)
+        keys, keep = pattern.group_keys(q0, q1, q.device)  # each row's and head's keys, the mask over them
+        keys = keys.expand(R, H, -1)
+        if valid is not None:
+            keep = keep & valid.reshape(R, 1, L).expand(R, H, L).gather(2, keys).unsqueeze(2)
+        pairs += int(torch.count_nonzero(keep)) * (R * H // (keep.shape[0] * keep.shape[1]))
+        index = keys.unsqueeze(-1)
+        out[:, :, q0:q1] = sdpa(q[:, :, q0:q1], k.gather(2, index.expand(-1, -1, -1, k.shape[-1])),
+                                v.gather(2, index.expand(-1, -1, -1, v.shape[-1])), attn_mask=keep, scale=scale)
+    pattern.pairs = pairs // H
+    return out, pattern.pairs
+
+
+_FLEX_COMPILED = None
+
+
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod, scale: float) -> torch.Tensor:
+    """FlexAttention with a BlockMask built from the pattern's ``mask_mod`` (compiled where a GPU runs it)."""
+    global _FLEX_COMPILED
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    R, H, n, _ = q.shape
+    L = k.shape[2]
+    block_mask = create_block_mask(mask_mod, R, H, n, L, device=q.device.type)
+    if q.device.type == "cuda":
+        if _FLEX_COMPILED is None:
+            _FLEX_COMPILED = torch.compile(flex_attention, dynamic=True)
+        return _FLEX_COMPILED(q, k, v, block_mask=block_mask, scale=scale)
+    import warnings
+
+    with warnings.catch_warnings():  # eager flex on the CPU: the unfused reference path (it warns once)
+        warnings.simplefilter("ignore", UserWarning)
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+
+
+__all__ = ["AttentionPattern", "AttentionProbe", "CachedAttention", "CachedKV", "ENTROPY_METHODS",
+           "RAGGED_ATTENTION", "SPARSE_KERNELS", "ScaleWindows", "attention_entropy", "entropy_chunked",
+           "entropy_fused", "entropy_materialised", "fused_available", "masked_attention_reference", "row_groups",
+           "sparse_attention"]

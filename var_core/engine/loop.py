@@ -278,13 +278,17 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
             elif keep_Rn is not last_keep:  # a block-level selection serves both branches: pack it once
                 packing, last_keep = adapter.row_packing(keep_Rn, valid_Rn), keep_Rn
                 sources = padding_sources(keep_Rn, valid_Rn) if packing is None else None
+            pattern = policy.plan_attention(ctx, block) if branch == "attn" else None  # None: dense attention
             with tracer.span(branch, si, block):
                 out, probs = adapter.run_branch(state, si, block, branch, tokens_in, keep_Rn, valid_Rn, cache,
-                                                want_probs and branch == "attn", packing=packing)
+                                                want_probs and branch == "attn", packing=packing,
+                                                **({} if pattern is None else {"pattern": pattern}))
                 if valid_Rn is not None and packing is None:  # padded rectangle: padding slots copy exactly
                     out = copy_padding_outputs(out, sources)
             if branch == "attn":
                 block_pairs = cache.take_attention_pairs(block)
+                if pattern is not None:  # the pattern's attended pairs (what the FLOPs counters charge)
+                    block_pairs = pattern.take_pairs()
             if probs is not None:  # an AttentionProbe (engine.attention): statistics computed on demand
                 policy.observe_attention(ctx, block, probs, keep_Rn)
                 stats_flops[block] = getattr(probs, "flops", 0)

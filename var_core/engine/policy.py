@@ -9,6 +9,7 @@ slot                   when                                        returns
 ``plan_scale``         before scale k                              :class:`ScalePlan`
 ``plan_block``         before each branch of block l (if pruning)  kept indices ``[R, n]`` (int64) or None
 ``observe_attention``  inside block l, if declared in the plan     nothing
+``plan_attention``     before the attention branch of block l      an ``AttentionPattern`` or None (dense)
 ``restore``            after a branch ran on kept tokens           the full ``[R, N, C]`` branch output
 ``restore_projected``  after the last block of a projected run     the full ``[R, N, C]`` hidden state
 ``observe_branch``     after each branch, if declared              nothing
@@ -127,6 +128,12 @@ class Policy:
         """``probs_RHnL`` is an :class:`~var_core.engine.attention.AttentionProbe` of the computed queries over all
         cached keys: ``query_entropy()`` and ``received_mass()`` without materialising the probabilities,
         ``probs()`` materialised (``[R, H, n, L]``). Valid during the call only."""
+
+    def plan_attention(self, ctx: ScaleContext, block: int):
+        """A sparse :class:`~var_core.engine.attention.AttentionPattern` over the cache for the self-attention of
+        ``block`` at this scale, or None (dense attention, the default). Patterns run on dense scales only (no
+        token pruning in the same block)."""
+        return None
 
     def restore(
         self,

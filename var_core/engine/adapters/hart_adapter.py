@@ -290,7 +290,7 @@ class HARTAdapter(ModelAdapter):
 
     def run_branch(self, state: HARTState, si: int, block: int, branch: str, x_RnC: torch.Tensor,
                    keep_Rn: torch.Tensor | None, valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool,
-                   packing: RowPacking | None = None):
+                   packing: RowPacking | None = None, pattern=None):
         if branch not in self.branches:
             raise ValueError(f"HART blocks have branches 'attn' and 'ffn', not {branch!r}")
         blk = self.model.blocks[block]
@@ -302,7 +302,7 @@ class HARTAdapter(ModelAdapter):
         cos, sin = self._rope(state, si, keep_Rn)
         q, k, v = blk.attn.project_qkv(blk.attn_input(x_RnC, mods), cos, sin, packing)
         kv = cache.append(block, k, v, valid_Rn)
-        core = CachedAttention(kv, valid_Rn if packing is not None else None)  # ragged: valid tokens only
+        core = CachedAttention(kv, valid_Rn if packing is not None else None, pattern)  # ragged: valid tokens only
         out, _ = blk.attn.attend(q, kv.keys, kv.values, kv.bias, packing=packing, core=core)
         return blk.attn_output(out, mods), (core.probe() if want_probs else None)
 

@@ -270,14 +270,14 @@ class InfinityAdapter(ModelAdapter):
 
     def run_branch(self, state: InfinityState, si: int, block: int, branch: str, x_RnC: torch.Tensor,
                    keep_Rn: torch.Tensor | None, valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool,
-                   packing: RowPacking | None = None):
+                   packing: RowPacking | None = None, pattern=None):
         blk = self.model.blocks[block]
         mods = state.modulations[block]
         if branch == "attn":
             cos, sin = self._rope(si, x_RnC.shape[1], keep_Rn)
             q, k, v = blk.sa.project_qkv(blk.attn_input(x_RnC, mods), cos, sin, packing)
             kv = cache.append(block, k, v, valid_Rn)
-            core = CachedAttention(kv, valid_Rn if packing is not None else None)  # ragged: valid tokens only
+            core = CachedAttention(kv, valid_Rn if packing is not None else None, pattern)  # ragged: valid tokens only
             out, _ = blk.sa.attend(q, kv.keys, kv.values, kv.bias, packing=packing, core=core)
             return blk.attn_output(out, mods), (core.probe() if want_probs else None)
         if branch == "cross":

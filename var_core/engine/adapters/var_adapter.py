@@ -105,7 +105,7 @@ class VARAdapter(ModelAdapter):
 
     def run_branch(self, state: VARState, si: int, block: int, branch: str, x_RnC: torch.Tensor,
                    keep_Rn: torch.Tensor | None, valid_Rn: torch.Tensor | None, cache: KVCache, want_probs: bool,
-                   packing: RowPacking | None = None):
+                   packing: RowPacking | None = None, pattern=None):
         blk = self.var.blocks[block]
         mods = state.modulations[block]
         if branch == "ffn":
@@ -115,7 +115,7 @@ class VARAdapter(ModelAdapter):
         q, k, v = blk.attn.project_qkv(blk.attn_input(x_RnC, mods), packing)
         kv = cache.append(block, k, v, valid_Rn)
         # ragged rows: attention on each row's valid queries and keys (padding queries are dropped by the packing)
-        core = CachedAttention(kv, valid_Rn if packing is not None else None)
+        core = CachedAttention(kv, valid_Rn if packing is not None else None, pattern)
         out, _ = blk.attn.attend(q, kv.keys, kv.values, kv.bias, packing=packing, core=core)
         return blk.attn_output(out, mods), (core.probe() if want_probs else None)
 
