@@ -119,7 +119,8 @@ def test_nova_batch1_reads_only_each_pruned_blocks_count(testbed):
 def test_nova_with_a_fixed_layer_profile_reads_counts_once_per_scale(testbed):
     """NOVA with ``schedule.layer_profile`` (no lens: every block's count is known at the scale's start): at most 3
     host synchronisations per scale at batch 1 (issue 27's aim), its counts copied once per scale; the first
-    pruned scale also pays the activation's decision."""
+    pruned scale also pays the activation's decision. At batch 8 the ragged selections use the device counts the
+    host copy was read from (before: one host->device copy per pruned block, 45 in all; now 13)."""
     from var_core.accel.policy import build_policy
     from var_core.accel.presets import get_preset
 
@@ -128,6 +129,8 @@ def test_nova_with_a_fixed_layer_profile_reads_counts_once_per_scale(testbed):
     result = count_generation(testbed, None, 1, policy=build_policy(config))
     assert result.total <= 3 * testbed.num_scales, result.counter.by_site().most_common(5)
     assert result.max_per_scale <= 3, result.counter.by_scale()
+    result = count_generation(testbed, None, 8, policy=build_policy(config))
+    assert result.total <= 15, result.counter.by_site().most_common(5)
 
 
 def _reference_packed(before, k_RHnd, valid_Rn, buffer):

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..engine.context import GenerationInfo, ScaleContext, ScalePlan, ScaleRecord
+from ..engine.packing import host_copy
 from ..engine.policy import Policy, TokenSelection, ragged_selection
 from .base import Component, Needs, Signals, block_chunk, ends_block_chunk
 from .knobs import knob
@@ -318,7 +319,8 @@ class AccelPolicy(Policy):
             return None
         # The block's one host synchronisation (the counts become a shape), free where the schedule's counts are
         # host data (a table of the config); the clamp is integer work, the same on the host and on the device.
-        counts_host = counts.cpu()
+        counts_host = host_copy(counts)  # read with the scale's other counts (a fixed layer profile)
+        counts_host = counts.cpu() if counts_host is None else counts_host
         counts_host = torch.where(self._active_rows("cpu", rows), counts_host.clamp(min=floor, max=N),
                                   torch.full_like(counts_host, N))
         n_max = int(counts_host.max())

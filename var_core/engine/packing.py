@@ -27,6 +27,20 @@ def attach_host_counts(valid_Rn: torch.Tensor, counts_R: Sequence[int]) -> None:
     setattr(valid_Rn, _HOST_COUNTS, tuple(int(c) for c in counts_R))
 
 
+_HOST_COPY = "_varscope_host_copy"
+
+
+def attach_host_copy(device_t: torch.Tensor, host_t: torch.Tensor) -> torch.Tensor:
+    """Record on a device tensor the same values already on the host (read once with others); returns it."""
+    setattr(device_t, _HOST_COPY, host_t)
+    return device_t
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor | None:
+    """The host copy :func:`attach_host_copy` recorded on ``t`` (None: read ``t`` to see its values)."""
+    return getattr(t, _HOST_COPY, None)
+
+
 def host_counts(valid_Rn: torch.Tensor | None) -> tuple[int, ...] | None:
     """The host-known per-row valid counts of a mask (valid slots = a prefix of each row), or None (unknown: the
     caller reads the mask; a view or copy of the mask does not carry them)."""

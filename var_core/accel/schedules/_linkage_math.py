@@ -19,6 +19,7 @@ from ..activation._entropy_growth import growth, scale_entropy_curve
 from ..attention_stats import may_prune_at
 from ..base import NO_NEEDS, Needs, Signals
 from ..lens import record_lens_entropy
+from ...engine.packing import attach_host_copy
 
 DIRECTIONS = ("printed", "increasing")
 RATIO_MEANINGS = ("removed", "kept")
@@ -235,14 +236,18 @@ def layer_difference_on(ctx, signals: Signals, block: int, first_block_reference
     return layer_entropy_difference_B(ctx, signals, block, first_block_reference, device).to(device)
 
 
-def per_scale_block_counts(schedule, ctx, rows: int, signals: Signals, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(r [L, B] on the device, counts [L, R] on the host)`` of every block of the scale from
+def per_scale_block_counts(schedule, ctx, rows: int, signals: Signals, device) -> tuple[torch.Tensor, list]:
+    """``(r [L, B] on the device, per block the counts [R] on the device)`` of every block of the scale from
     ``schedule._block_counts`` (a schedule whose counts need nothing measured inside the scale: a fixed layer
-    profile), computed once per scale and copied to the host in one transfer, so the policy reads each block's
-    counts for free."""
+    profile), computed once per scale and copied to the host in one transfer; each block's device counts carry
+    their host copy (``engine.packing.host_copy``), so the policy reads them for free and a ragged selection needs
+    no copy back to the device."""
     def every_block():
         parts = [schedule._block_counts(ctx, b, rows, signals, device) for b in range(ctx.num_blocks)]
-        return torch.stack([r for r, _ in parts]), torch.stack([c for _, c in parts]).cpu()
+        counts_LR = torch.stack([c for _, c in parts])
+        host_LR = counts_LR.cpu()
+        return (torch.stack([r for r, _ in parts]),
+                [attach_host_copy(counts_LR[b], host_LR[b]) for b in range(ctx.num_blocks)])
     return _per_scale(ctx, signals, ("block_counts", id(schedule), rows, str(device)), every_block)
 
 
