@@ -256,3 +256,21 @@ def test_attention_family_builds_and_validates_every_arm(testbed):
     with pytest.raises(ValueError, match="decision_scale"):
         AccelPolicy(PolicyConfig(attention=component_config("attention", "sparvar", decision_scale=9))
                     ).check_model(short)
+
+
+@pytest.mark.parametrize("edit", [{"kv": ("keep_recent", {"budget": 0.5})},
+                                  {"activation": ("fixed", {"start_scale": -2})}])
+def test_sparse_attention_with_kv_eviction_or_token_pruning_is_refused_before_generating(testbed, edit):
+    """The pattern lies over the dense cache's positions; an evicted or pruned cache would misalign it (the engine
+    raises mid-generation there): the policy refuses the combination at check_model, naming both components."""
+    import dataclasses
+
+    from var_core.accel.policy import AccelPolicy
+    from var_core.engine.context import GuidanceMode
+    from var_core.engine.loop import generation_info
+
+    (kind, (name, params)), = edit.items()
+    config = dataclasses.replace(get_preset("sparvar"), **{kind: component_config(kind, name, **params)})
+    with pytest.raises(ValueError, match=f"attention=sparvar with .*{name}"):
+        AccelPolicy(config).check_model(generation_info(testbed, 1, GuidanceMode.BOTH))
+    AccelPolicy(get_preset("sparvar")).check_model(generation_info(testbed, 1, GuidanceMode.BOTH))  # alone: fine

@@ -201,11 +201,27 @@ class AccelPolicy(Policy):
         """Raise ``ValueError`` naming the component if any part cannot run on the model ``info`` describes."""
         self.resolve_for(info)
         self._check_chunk_exemptions(info.num_blocks, info.block_chunks)
+        self._check_attention_composition()
         for kind, part in self.parts.items():
             try:
                 part.check_model(info)
             except ValueError as exc:
                 raise ValueError(f"{kind} {type(part).__name__}: {exc}") from None
+
+    def _check_attention_composition(self) -> None:
+        """A sparse attention pattern (seam 2) is laid over the DENSE cache's token positions; token pruning and KV
+        eviction change which token each cache position holds, which the cache does not record yet: refuse the
+        combination before anything runs instead of failing at the first pruned or evicted scale."""
+        cfg = self.config
+        if cfg.attention.component_name == "dense":
+            return
+        if cfg.kv.component_name != "keep_all":
+            raise ValueError(f"attention={cfg.attention.component_name} with kv={cfg.kv.component_name}: a sparse "
+                             "attention pattern needs the dense cache (KV eviction compacts it); use one of the two")
+        if cfg.activation.component_name != "never":
+            raise ValueError(f"attention={cfg.attention.component_name} with token pruning (activation="
+                             f"{cfg.activation.component_name}): a sparse attention pattern runs on dense scales; "
+                             "use one of the two")
 
     def _check_chunk_exemptions(self, num_blocks: int, chunks: int | None = None) -> None:
         """With ``granularity='chunk'`` a chunk is pruned whole or not at all: an exempt block inside a pruned
