@@ -96,3 +96,20 @@ def test_kv_bytes_count_the_kept_entries_and_the_stored_padding():
         cache.evict(1, KVKeep(torch.tensor([0, 2, 5]).expand(R, H, 3), valid))
         assert cache.nbytes() == 2 * R * H * 6 * d * 4 + 2 * (R * H * 3 - 3) * d * 4
         assert cache.nbytes(kept=False) == 2 * R * H * 6 * d * 4 + 2 * R * H * 3 * d * 4
+
+
+def test_rows_keeping_different_counts_become_row_lengths_not_a_head_mask():
+    """Every head of a row keeps the same count but rows differ (ScaleKV's per-row budgets): the packed layout
+    stores each row's own length (varlen attention, as for ragged token selections), not a per-head mask."""
+    R, H = 2, 2
+    with KVCache(num_blocks=1, max_len=12) as cache:
+        cache.append(0, _keys(R, H, 5), _keys(R, H, 5))
+        index = torch.tensor([[1, 3, 3], [0, 2, 4]]).view(R, 1, 3).expand(R, H, 3)
+        valid = torch.tensor([[True, True, False], [True, True, True]]).view(R, 1, 3).expand(R, H, 3)
+        cache.evict(0, KVKeep(index, valid))
+        assert cache.head_valid[0] is None and cache.row_lengths[0] == [2, 3]
+        kv = cache.append(0, _keys(R, H, 2, offset=5), _keys(R, H, 2, offset=5))
+        assert kv.lengths == (4, 5)
+        assert torch.equal(kv.keys[0, 0, :4, 0], torch.tensor([1.0, 3, 5, 6]))
+        assert torch.equal(kv.keys[1, 1, :5, 0], torch.tensor([1100.0, 1102, 1104, 1105, 1106]))
+        assert cache.nbytes() == 2 * H * (4 + 5) * 2 * 4

@@ -227,3 +227,23 @@ def test_ablate_validate_builds_and_runs_every_kv_arm(fixture_dir):
     assert report.ok, report.errors
     arms = {arm for family, arm, _ in report.checked if family == "kv"}
     assert {"scalekv@10%", "hack@10%", "keep_recent@10%", "fastvar+scalekv"} <= arms and len(arms) == 16
+
+
+@pytest.mark.parametrize("pruning,kv", [("baseline", "scalekv"), ("baseline", "hack"), ("ldpruning", "scalekv"),
+                                        ("nova", "hack")])
+def test_kv_presets_batch_equals_single(testbed, pruning, kv):
+    """A sample's tokens do not depend on its batch: the KV presets alone and on top of ragged token pruning
+    (LD-Pruning's and NOVA's per-sample counts: packed rows of different lengths before the eviction)."""
+    from var_core.accel.policy import build_policy
+    from var_core.accel.presets import get_preset
+    from var_core.engine import GenerationOptions, generate
+
+    config = get_preset(pruning).replace_component("kv", kv)  # the preset's 10 % budget is the component default
+    labels, seeds = torch.tensor([2, 5, 7]), [31, 32, 33]
+    options = GenerationOptions(decode=False)
+    batch = generate(testbed, labels, seeds=seeds, policy=build_policy(config), options=options)
+    assert batch.records[-2].kv_bytes < batch.records[-2].kv_bytes_peak  # something was evicted
+    for b in range(3):
+        alone = generate(testbed, labels[b:b + 1], seeds=[seeds[b]], policy=build_policy(config), options=options)
+        for si, (a, t) in enumerate(zip(alone.tokens, batch.tokens)):
+            assert torch.equal(a[0], t[b]), (b, si)

@@ -329,7 +329,12 @@ class KVCache:
         # positions in range, whether any padding is left, no empty head: one host read (here or in settle)
         false = torch.zeros((), dtype=torch.bool, device=index.device)
         checks = torch.stack([(index < 0).any() | (index >= L).any(), false if valid is None else ~valid.all(),
-                              false if valid is None else ~valid.any(2).all()])
+                              false if valid is None else ~valid.any(2).all()]).long()
+        if valid is not None:  # per-row counts, and whether every head of a row keeps the same prefix count
+            counts_RH = valid.sum(2)
+            prefix = (valid == (torch.arange(m, device=valid.device).view(1, 1, m) < counts_RH.unsqueeze(-1))).all()
+            rows_only = prefix & (counts_RH == counts_RH[:, :1]).all()
+            checks = torch.cat([checks, rows_only.long().view(1), counts_RH[:, 0]])
         index_d = index.unsqueeze(-1).expand(R, H, m, d)
         kept_k = view.keys.gather(2, index_d)
         kept_v = view.values.gather(2, index.unsqueeze(-1).expand(R, H, m, view.values.shape[-1]))
@@ -355,14 +360,25 @@ class KVCache:
         head masks that hold no padding (those blocks attend without a mask)."""
         if not deferred:
             return
-        flags = torch.stack([c for _, _, c in deferred]).tolist()
-        for (block, L, _), (out_of_range, padded, empty) in zip(deferred, flags):
+        flags = torch.cat([c for _, _, c in deferred]).tolist()
+        at = 0
+        for block, L, c in deferred:
+            out_of_range, padded, empty = flags[at:at + 3]
+            rows_only, counts = (flags[at + 3], flags[at + 4:at + c.numel()]) if c.numel() > 3 else (0, [])
+            at += c.numel()
             if out_of_range:
                 raise ValueError(f"KVKeep of block {block}: positions must lie in [0, {L})")
             if empty:
                 raise ValueError(f"KVKeep of block {block}: a row/head keeps no valid position")
             if not padded:
                 self.head_valid[block] = None
+            elif rows_only and self.layout == "packed":
+                # rows keep different counts, every head of a row the same prefix: each row's own length (the
+                # packed layout's varlen attention, as for ragged token selections), no mask
+                self.head_valid[block] = None
+                self.row_lengths[block] = [int(n) for n in counts]
+                self.lengths[block] = max(counts)
+                self.ragged[block] = True
 
     def select_rows(self, rows: slice) -> None:
         """Keep only the given network rows (e.g. the conditional half when guidance stops)."""

@@ -82,3 +82,38 @@ def top_positions(scores: torch.Tensor, count: int, forced: torch.Tensor | None 
     valid = keyed < L
     index = torch.where(valid, keyed, keyed[..., :1].clamp(max=L - 1))
     return index, valid
+
+
+def top_share_mass(probs: torch.Tensor, logits: torch.Tensor, share: float) -> torch.Tensor:
+    """``[R, H, w]``: probability mass of each query's top ``ceil(share · L_r)`` keys, ``L_r`` the row's own valid
+    keys (the batch's padding is not counted, so a sample's value does not depend on its batch neighbours)."""
+    valid_R = torch.isfinite(logits[:, 0, 0, :]).sum(-1)  # [R]
+    k_R = (valid_R.double() * share).ceil().clamp(min=1).long()
+    ranked = probs.sort(dim=-1, descending=True).values
+    rank = torch.arange(probs.shape[-1], device=probs.device)
+    return (ranked * (rank.view(1, 1, 1, -1) < k_R.view(-1, 1, 1, 1))).sum(-1)
+
+
+def row_window_slots(probe, hw: tuple[int, int], window: int) -> torch.Tensor:
+    """int64 ``[R, w]``: each row's observation-window query slots, chosen among the row's own valid queries
+    (ragged token selections pad short rows at the end: ``probe.kv.current_valid_Rn``), so a sample observes the
+    same queries alone and in a batch. Dense rows: :func:`window_slots`; a row computing ``n_r`` tokens:
+    ``window`` evenly spaced slots of ``0 .. n_r − 1`` (repeats where ``n_r < window``)."""
+    R, _, n, _ = probe.q.shape
+    device = probe.q.device
+    valid = getattr(probe.kv, "current_valid_Rn", None)
+    if valid is None:
+        return window_slots(n, hw, window, device).view(1, -1).expand(R, -1)
+    counts = valid.sum(1).tolist()  # one host read per observed ragged block
+    dense = window_slots(hw[0] * hw[1], hw, window, device)
+    rows = []
+    for n_r in counts:
+        if n_r == hw[0] * hw[1]:
+            rows.append(dense if dense.numel() == window else _spaced(n_r, window, device))
+        else:
+            rows.append(_spaced(n_r, window, device))
+    return torch.stack(rows)
+
+
+def _spaced(n: int, window: int, device) -> torch.Tensor:
+    return torch.linspace(0, max(n - 1, 0), window, device=device).round().long()

@@ -36,7 +36,7 @@ from ...errors import UserError
 from ..base import KVPolicy, Needs, NO_NEEDS
 from ..knobs import ComponentConfig, knob
 from ..registry import KV_POLICIES
-from ._budget import dense_length, rounded, top_positions, valid_mask, window_slots
+from ._budget import dense_length, rounded, top_positions, top_share_mass, valid_mask, row_window_slots
 
 
 def head_statistics(probe, ctx, window: int, budget: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -46,18 +46,18 @@ def head_statistics(probe, ctx, window: int, budget: float) -> tuple[torch.Tenso
     q, keys = probe.q, probe.kv.keys
     R, H, n, d = q.shape
     L = keys.shape[2]
-    slots = window_slots(n, ctx.hw, window, q.device)
-    logits = torch.matmul(q[:, :, slots].float(), keys.float().transpose(2, 3)) * probe.scale
+    slots = row_window_slots(probe, ctx.hw, window)  # [R, w]
+    logits = torch.matmul(q.gather(2, slots.view(R, 1, -1, 1).expand(R, H, slots.shape[1], d)).float(),
+                              keys.float().transpose(2, 3)) * probe.scale
     if probe.kv.bias is not None:
         logits = logits + probe.kv.bias.float()
-    probe.flops += 2 * R * H * slots.numel() * L * d
+    probe.flops += 2 * R * H * slots.shape[1] * L * d
     probs = logits.softmax(-1)  # [R, H, w, L]
     previous = ctx.history[-1].hw[0] * ctx.history[-1].hw[1] if ctx.history else 0
     first = probe.kv.current_Rn.min(1).values.to(q.device)  # [R] first cache position of this scale
     recent = torch.arange(L, device=q.device).view(1, L) >= (first - previous).clamp(min=0).view(R, 1)
     recency = (probs * recent.view(R, 1, 1, L)).sum(-1).mean(2)
-    top = min(L, max(1, math.ceil(budget * L)))
-    concentration = probs.topk(top, dim=-1).values.sum(-1).mean(2)
+    concentration = top_share_mass(probs, logits, budget).mean(2)
     return recency, concentration, probs.sum(2)
 
 

@@ -37,7 +37,7 @@ from ...engine.kvcache import KVKeep
 from ..base import KVPolicy, Needs, NO_NEEDS
 from ..knobs import ComponentConfig, knob
 from ..registry import KV_POLICIES
-from ._budget import dense_length, rounded, top_positions, valid_mask, window_slots
+from ._budget import dense_length, rounded, top_positions, top_share_mass, valid_mask, row_window_slots
 
 
 @KV_POLICIES.register("scalekv")
@@ -74,13 +74,14 @@ class ScaleKV(KVPolicy):
         keys = probe.kv.keys  # [R, H, L, d]
         R, H, n, d = q.shape
         L = keys.shape[2]
-        slots = window_slots(n, ctx.hw, self.config.window, q.device)
-        w = slots.numel()
-        logits = torch.matmul(q[:, :, slots].float(), keys.float().transpose(2, 3)) * probe.scale  # [R, H, w, L]
+        slots = row_window_slots(probe, ctx.hw, self.config.window)  # [R, w]
+        w = slots.shape[1]
+        logits = torch.matmul(q.gather(2, slots.view(R, 1, -1, 1).expand(R, H, slots.shape[1], d)).float(),
+                              keys.float().transpose(2, 3)) * probe.scale  # [R, H, w, L]
         if probe.kv.bias is not None:
             logits = logits + probe.kv.bias.float()
         probe.flops += 2 * R * H * w * L * d  # charged to this component (ScaleRecord.attention_stats_flops)
-        window_pos = probe.kv.current_Rn[:, slots].to(q.device)  # [R, w] cache positions of the window's keys
+        window_pos = probe.kv.current_Rn.to(q.device).gather(1, slots)  # [R, w] cache positions of the window's keys
         is_window = torch.zeros(R, L, dtype=torch.bool, device=q.device).scatter_(1, window_pos, True)
         masked = logits.masked_fill(is_window.view(R, 1, 1, L), float("-inf"))
         summed = masked.sum(2)  # [R, H, L] (FOUND: raw logits summed over the window queries)
@@ -94,8 +95,7 @@ class ScaleKV(KVPolicy):
         current = torch.zeros(R, L, dtype=torch.bool, device=q.device).scatter_(
             1, probe.kv.current_Rn.to(q.device), True)
         on_current = (probs * current.view(R, 1, 1, L)).sum(-1)
-        top = max(1, math.ceil(self.config.budget * L))
-        concentration = probs.topk(min(top, L), dim=-1).values.sum(-1)
+        concentration = top_share_mass(probs, logits, self.config.budget)
         asi_R = (on_current + concentration).mean(dim=(1, 2))
         self._scores[block] = (pooled, is_window, asi_R)
 
