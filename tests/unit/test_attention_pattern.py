@@ -207,7 +207,7 @@ def test_sparvar_keeps_the_top_keys_of_its_decision_scale(testbed):
 def test_sparvar_prunes_most_attention_pairs_on_the_last_scales_of_a_1m_tiny_infinity():
     """random:infinity-tiny on the whole 1M schedule (13 scales, 64×64 last), SparVAR at its default setting: at
     each of the two scales after the decision scale the attended pairs are at most half the dense pairs (rows ×
-    queries × cached keys). About 25 s on a contended 2-core CPU (decode off)."""
+    queries × cached keys). About 5 s on the 2-core CPU (25 s under load; decode off)."""
     from var_core.zoo import load_model
 
     adapter = load_model("random:infinity-tiny", num_scales=13)
