@@ -25,7 +25,6 @@ analysis, budgets are asymmetric between them and each kind gets its own evictio
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
