@@ -37,7 +37,8 @@ from typing import Any, Callable
 from var_core.errors import UserError
 from var_core.eval import records as rec
 from var_core.eval.lightning import GenerationRun, ResultFileError
-from var_core.eval.store import finished_batches, first_index, read_spool_key, write_spool_key
+from var_core.eval.store import (SpoolError, finished_batches, first_index, read_spool_key, samples_folder,
+                                 write_spool_key)
 
 __all__ = ["spool_path", "open_spool", "close_spool"]
 
@@ -52,6 +53,11 @@ def open_spool(out_dir: str | Path, arm: str, key, batches_total: int, log: Call
     folder = spool_path(out_dir, arm)
     rec.check_no_links(folder, out_dir)
     key = rec.to_jsonable(key)
+    finished = samples_folder(rec.record_paths(out_dir, arm)[1])
+    if not folder.exists() and finished.is_dir() and not finished.is_symlink() \
+            and read_spool_key(finished) == key:
+        # killed after the samples folder was named and before the record was written: its batches are finished
+        os.replace(finished, folder)
     if folder.is_dir():
         stored = read_spool_key(folder)
         done = finished_batches(folder)
@@ -230,6 +236,9 @@ def _quarantine(path: Path, reason: str, what: str, log: Callable[[str], None]) 
         target = path.with_name(f"{path.name}.corrupt{n}")
         n += 1
     os.replace(path, target)
+    samples = samples_folder(path) if path.name.endswith(".pt") else None
+    if samples is not None and samples.is_dir() and not samples.is_symlink():  # an index's samples go with it
+        os.replace(samples, target.with_name(target.name.replace(".pt.corrupt", ".samples.corrupt", 1)))
     log(f"warning: cannot read {path}: {reason}; moved it to {target.name} and {what}")
     return target
 
@@ -263,12 +272,17 @@ def _load_verified(out_dir: Path, found: dict, log: Callable[[str], None]) -> tu
         return found, None
     try:
         run = GenerationRun.load(pt)
+        stored = (found.get("tensors") or {}).get("sha256")
+        actual = run.content_hash() if stored is not None else None  # reads a samples folder batch by batch
     except ResultFileError as exc:
         _quarantine(pt, exc.reason, f"recompute arm {found['arm']!r}", log)
         return None, None
-    stored = (found.get("tensors") or {}).get("sha256")
-    if stored is not None and run.content_hash() != stored:
-        _quarantine(pt, f"its samples (hash {run.content_hash()}) are not those of its record (hash {stored})",
+    except SpoolError as exc:  # a batch file of the samples folder is damaged
+        _quarantine(pt, f"its samples folder cannot be read ({exc.path.name}: {exc.reason})",
+                    f"recompute arm {found['arm']!r}", log)
+        return None, None
+    if stored is not None and actual != stored:
+        _quarantine(pt, f"its samples (hash {actual}) are not those of its record (hash {stored})",
                     f"recompute arm {found['arm']!r}", log)
         return None, None
     return found, run
@@ -322,6 +336,7 @@ def _set_aside(out_dir: Path, items: list[tuple[str, dict]], why: str, log: Call
         while (target / "arms" / json_path.name).exists() or (target / "arms" / pt_path.name).exists():
             target, n = root / SUPERSEDED_DIR / f"{tag}_{n}", n + 1
         moves = [(json_path, target / "arms" / json_path.name), (pt_path, target / "arms" / pt_path.name),
+                 (samples_folder(pt_path), target / "arms" / samples_folder(pt_path).name),
                  (root / "grids" / f"{slug}.png", target / "grids" / f"{slug}.png")]
         if image_root is not None and Path(image_root).resolve() == root.resolve():
             moves.append((root / "images" / slug, target / "images" / slug))
@@ -361,7 +376,7 @@ def _restore_kept(out_dir: Path, keys: dict[str, Any], log: Callable[[str], None
             if record is None or record.get("key") != key or not old_pt.is_file() or old_pt.is_symlink():
                 continue
             slug = rec.arm_slug(name)
-            moves = [(old_pt, pt_path), (old_json, json_path),
+            moves = [(samples_folder(old_pt), samples_folder(pt_path)), (old_pt, pt_path), (old_json, json_path),
                      (folder / "grids" / f"{slug}.png", root / "grids" / f"{slug}.png")]
             if image_root is not None and Path(image_root).resolve() == root.resolve():
                 moves.append((folder / "images" / slug, root / "images" / slug))

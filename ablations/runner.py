@@ -206,6 +206,7 @@ def load_study_reference(options, metric_ctx: MetricContext, conditions):
                         f"Inception; {metric_ctx.classifier_reason or 'no testbed classifier'})")
     reference = load_fid_reference(options.fid_reference, space)
     reference.class_names = metric_ctx.class_names
+    reference.seed, reference.n_resamples = metric_ctx.seed, metric_ctx.n_resamples  # its bootstrap interval
     categories = getattr(conditions, "categories", None)
     if categories is not None and any(c is not None for c in categories):
         reference.sample_categories = tuple(categories)
@@ -364,7 +365,8 @@ def _zoo_family(model: str) -> str:
 def default_out_dir(options: StudyOptions, model: str) -> Path:
     """``results/ablate/<family>[-<method>]_<model>_n<N>_seed<S>`` plus one readable part per setting that changes
     the results when it is not the default: ``_set-<hash>`` (``--set``), ``_prompts-<file stem>``, ``_cfg3_topk600
-    _topp0.9_temp0.8_draw-inverse_cdf`` (each sampling knob given), ``_bfloat16`` (``--dtype``) and
+    _topp0.9_temp0.8_draw-inverse_cdf`` (each sampling knob given), ``_res-1M_aspect0.5`` (``--resolution`` /
+    ``--aspect``), ``_bfloat16`` (``--dtype``) and
     ``_w-<hash>`` (``--weights`` / ``--vae-weights`` / ``--text-encoder``: a hash of their resolved paths). Two
     studies that differ in any of these never share a default folder (their records would replace each other's)."""
     tag = f"{options.family}"
@@ -384,6 +386,11 @@ def default_out_dir(options: StudyOptions, model: str) -> Path:
         if name in given:
             value = given[name]
             tag += f"_{short}-{value}" if isinstance(value, str) else f"_{short}{value:g}"
+    size = size_options_of(options)  # --resolution / --aspect when given (another schedule, other images)
+    if "resolution" in size:
+        tag += f"_res-{size['resolution']}"
+    if "aspect" in size:
+        tag += f"_aspect{float(size['aspect']):g}"
     # where and in which precision: _bfloat16 (the former --dtype, on a CPU), else _<cpu|gpu>_<precision> unless
     # the CPU in fp32 (var_core.engine.precision.run_tag)
     device = torch.device("cuda" if resolve_accelerator(options.accelerator) == "gpu" else "cpu")
@@ -754,10 +761,85 @@ def _follow_study(options: StudyOptions, plan: StudyPlan, launch: Launch, channe
     return StudyResult(plan.out_dir, [], [], [], [], {}, time.perf_counter() - started)
 
 
+@dataclass
+class _Study:
+    """What every step of a study shares once the model is loaded (:func:`_prepare_study`)."""
+
+    options: StudyOptions
+    plan: StudyPlan
+    launch: Launch
+    adapter: Any
+    dtype: torch.dtype
+    precision: str
+    sampling: Any
+    conditions: ConditionSet
+    prompt_set: Any
+    metric_ctx: MetricContext
+    signature: dict
+    available: list[Arm]
+    unavailable: list[Arm]
+    image_root: Path | None
+    threads: int | None = None
+    probes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def out_dir(self) -> Path:
+        return self.plan.out_dir
+
+    @property
+    def device(self):
+        return self.launch.device  # this process's device: probes, the interleaved re-timing and the records
+
+    def config_for(self, arm: Arm) -> rec.RunConfig:
+        o = self.options
+        return rec.RunConfig(
+            arm=arm.name, family=o.family, policy=arm.config, model=self.plan.model, weights=self.plan.weights,
+            sampling=self.sampling, conditions=self.conditions, batch_size=o.batch_size, warmup=o.warmup,
+            role=arm.role if arm.role == "baseline" else "arm", description=arm.description,
+            plain_loop=arm.role == "baseline", dtype=str(self.dtype).removeprefix("torch."),
+            precision=self.precision, accelerator=self.launch.accelerator, devices=self.launch.devices,
+            strategy=self.launch.strategy, num_nodes=self.launch.num_nodes, vae_weights=o.vae_weights,
+            text_encoder=o.text_encoder, size=size_options_of(o) or None)  # --resolution / --aspect: reuse key
+
+
+@dataclass
+class _Progress:
+    """The arms done so far and the baseline every later arm is measured against (its samples stay on disk)."""
+
+    records: list[dict] = dataclasses.field(default_factory=list)
+    computed: list[str] = dataclasses.field(default_factory=list)
+    reused: list[str] = dataclasses.field(default_factory=list)
+    base_run: GenerationRun | None = None
+    base_record: dict | None = None
+    base_identity: str | None = None
+    # the first generation of this process warms with a full batch (allocator and kernels at the timed shapes);
+    # later arms only need their own code paths run once: one sample (a full-batch warm-up was a third of an arm)
+    warm_batch: int | None = None
+    recompute_reason: str | None = None  # why the arm at hand is computed although a record of it existed
+
+
 def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPlan, started: float,
                launch: Launch | None = None, channel: RankChannel | None = None) -> StudyResult:
+    """The study loop: prepare, keep other configurations' records, each arm reused or computed, the interleaved
+    re-timing, then the report and the manifest."""
     if launch is None:
         launch = resolve_launch(options.accelerator, options.devices, options.num_nodes, options.strategy)
+    study = _prepare_study(options, plan, launch, log)
+    _keep_other_configurations(study, log)
+    _decide_threads(study, log)
+    progress = _Progress()
+    for position, arm in enumerate(study.available, 1):
+        if not _reuse_arm(study, progress, arm, f"[{position}/{len(study.available)}]", log):
+            _compute_arm(study, progress, arm, f"[{position}/{len(study.available)}]", channel, log)
+    if channel is not None:
+        channel.close()  # nothing more to generate: the other ranks are released before rank-0-only work
+    interleaved, interleaved_reused = _interleaved_step(study, log)
+    return _finish_study(study, progress, interleaved, interleaved_reused, started, log)
+
+
+def _prepare_study(options: StudyOptions, plan: StudyPlan, launch: Launch, log: Callable[[str], None]) -> _Study:
+    """Load the model, decide sampling, conditions and metrics, check every arm on the model, write the manifest
+    (status running)."""
     for note in plan.notes:
         log(f"note: {note}")
     out_dir = plan.out_dir
@@ -768,9 +850,7 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
         log(f"arm {arm.name!r} is unavailable here and is skipped: {arm.error}")
     if not any(a.role == "baseline" for a in available):
         raise RuntimeError("the baseline arm cannot be built")
-
     dtype = parameter_dtype(options.precision, options.dtype)
-    device = launch.device  # this process's device: probes, the interleaved re-timing and the records use it
     for note in launch.notes:
         log(f"note: {note}")
     # loaded where it runs (the CPU for ddp_spawn, whose workers get a copy that Lightning moves to their device)
@@ -778,14 +858,13 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
                                text_encoder=options.text_encoder, dtype=dtype, device=launch.load_device,
                                **size_options_of(options))
     # generate() runs in it, records state it and it is part of every arm's reuse key (var_core.engine.precision)
-    adapter.precision = precision = study_precision(options.precision, options.dtype, adapter.family, device)
+    adapter.precision = precision = study_precision(options.precision, options.dtype, adapter.family, launch.device)
     sampling = resolve_sampling(adapter, plan.model, plan.weights, sampling_overrides(options))
     # a --set scale / block beyond this model is the user's mistake: an error, not a skipped or baseline-like arm
     check_overrides_on_model(available, options.overrides, adapter.num_scales, adapter.num_blocks, plan.model)
     check_refiner_override(available, options.overrides, adapter)  # --set refiner=ENTRY must share the tokenizer
     available, unavailable = _check_arms_on_model(available, unavailable, adapter, sampling, plan.model, log)
     prompt_set = load_prompts(options.prompts, options.prompts_rewritten)
-    image_root = images_root(options.save_images, out_dir)
     conditions = study_conditions(adapter, options.samples, options.seed, prompt_set)
     if prompt_set is not None:
         plan.notes.append(f"prompts: {len(prompt_set)} from {prompt_set.source} ({prompt_set.format}); sample i uses "
@@ -798,177 +877,216 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
                                      lpips_backbone=options.lpips_backbone, lpips_lin=options.lpips_lin,
                                      lpips_net=options.lpips_net, fid_protocol=options.fid_protocol)
     metric_ctx.fid_reference = load_study_reference(options, metric_ctx, conditions)
-    signature = _metric_signature(metric_ctx)
+    study = _Study(options, plan, launch, adapter, dtype, precision, sampling, conditions, prompt_set, metric_ctx,
+                   _metric_signature(metric_ctx), available, unavailable, images_root(options.save_images, out_dir))
     log(f"study {options.family!r}: {len(available)} arms on {plan.model} ({adapter.image_size}px, "
         f"{adapter.num_scales} scales), {options.samples} samples per arm, batch {options.batch_size}, "
         f"sampling {sampling}; results in {out_dir}")
     if metric_ctx.classifier_reason:
         log(f"class accuracy / FID-proxy: n/a ({metric_ctx.classifier_reason})")
     _write_manifest(out_dir, plan, adapter, sampling, conditions, status="running")
+    return study
 
-    def config_for(arm: Arm) -> rec.RunConfig:
-        return rec.RunConfig(
-            arm=arm.name, family=options.family, policy=arm.config, model=plan.model, weights=plan.weights,
-            sampling=sampling, conditions=conditions, batch_size=options.batch_size, warmup=options.warmup,
-            role=arm.role if arm.role == "baseline" else "arm", description=arm.description,
-            plain_loop=arm.role == "baseline", dtype=str(dtype).removeprefix("torch."), precision=precision,
-            accelerator=launch.accelerator,
-            devices=launch.devices, strategy=launch.strategy, num_nodes=launch.num_nodes,
-            vae_weights=options.vae_weights, text_encoder=options.text_encoder,
-            size=size_options_of(options) or None)  # --resolution / --aspect: part of the reuse key
 
-    # finished records of another configuration (other --samples, sampling, dtype, weights, --set ...) in the files
-    # this study is about to write are moved aside, never replaced: superseded/<tag>/ (one line says where)
-    other: list[tuple[str, dict]] = []
-    changes: set[str] = set()
-    for arm in available:
+def _keep_other_configurations(study: _Study, log: Callable[[str], None]) -> None:
+    """Finished records of another configuration (other --samples, sampling, dtype, weights, --set ...) in the
+    files this study is about to write are moved aside, never replaced: superseded/<tag>/ (one line says where);
+    this configuration's records kept there by an earlier run come back."""
+    out_dir, other, changes = study.out_dir, [], set()
+    for arm in study.available:
         json_path = rec.record_paths(out_dir, arm.name)[0]
         _check_record_file(json_path, log)
         old = rec.read_record(json_path)
-        new_key = rec.to_jsonable(config_for(arm).key())
+        new_key = rec.to_jsonable(study.config_for(arm).key())
         if old is not None and old.get("key") != new_key:
             other.append((arm.name, old))
             changes.add(_key_changes(old.get("key") or {}, new_key))
     if other:
-        _set_aside(out_dir, other, "made with another configuration: " + "; ".join(sorted(changes)), log, image_root)
-    _restore_kept(out_dir, {a.name: rec.to_jsonable(config_for(a).key()) for a in available}, log, image_root)
+        _set_aside(out_dir, other, "made with another configuration: " + "; ".join(sorted(changes)), log,
+                   study.image_root)
+    _restore_kept(out_dir, {a.name: rec.to_jsonable(study.config_for(a).key()) for a in study.available}, log,
+                  study.image_root)
 
-    threads, threads_reason = resolve_threads(options.threads)
-    if options.threads == "auto":  # resuming: run the missing arms like the reused ones, for comparable timings
-        base_arm = next(a for a in available if a.role == "baseline")
-        previous = rec.find_reusable(out_dir, config_for(base_arm))
+
+def _decide_threads(study: _Study, log: Callable[[str], None]) -> None:
+    """Threads per process (a resumed ``auto`` study runs its missing arms like the reused ones) and the probes."""
+    threads, threads_reason = resolve_threads(study.options.threads)
+    if study.options.threads == "auto":  # resuming: run the missing arms like the reused ones, for comparable timings
+        base_arm = next(a for a in study.available if a.role == "baseline")
+        previous = rec.find_reusable(study.out_dir, study.config_for(base_arm))
         processes = (previous or {}).get("environment", {}).get("processes") or []
         if processes and processes[0].get("threads"):
             threads = int(processes[0]["threads"])
             threads_reason = f"auto: {threads}, as in the reused records of this folder"
     log(f"threads per process: {threads_reason}")
-    plan.notes.append(f"threads per process: {threads_reason}")
+    study.plan.notes.append(f"threads per process: {threads_reason}")
+    study.threads = threads
     # the load probe first: its readings enclose only the timed batch, not the profiler's reductions
-    probes = [LoadProbe()] + ([ProfilerProbe(device=device)] if options.profile else [])
-    records: list[dict] = []
-    computed, reused = [], []
-    base_run: GenerationRun | None = None
-    base_record: dict | None = None
-    total = len(available)
-    base_identity: str | None = None
-    # the first generation of this process warms with a full batch (allocator and kernels at the timed shapes);
-    # later arms only need their own code paths run once: one sample (a full-batch warm-up was a third of an arm)
-    warm_batch: int | None = None
-    for position, arm in enumerate(available, 1):
-        config = config_for(arm)
-        json_path, pt_path = rec.record_paths(out_dir, arm.name)
-        is_base = arm.role == "baseline"
-        _check_record_file(json_path, log)
-        found = rec.find_reusable(out_dir, config, need_tensors=is_base)
-        found_run = None
-        recompute_reason = None
-        if found is not None:  # its tensors must be readable (weights_only) and be those of the record
-            found, found_run = _load_verified(out_dir, found, log)
-            if found is None:
-                recompute_reason = "its tensor file could not be read or did not match it (moved to *.corrupt)"
-            if is_base and found_run is None:
-                found = None  # the later arms need the baseline's samples
-                recompute_reason = recompute_reason or "the baseline's tensor file is missing"
-        if found is not None and not is_base:
-            assert base_record is not None and base_identity is not None, "the baseline runs first"
-            why = _stale_against_baseline(found, base_record, base_identity)
-            if why is not None:
-                log(f"[{position}/{total}] {arm.name}: recomputing the finished record: {why}")
-                found = None
-                recompute_reason = why
-        if found is not None and found.get("metrics", {}).get("signature") != signature:
-            # measured with another metric context (e.g. the classifier appeared since): recompute the metrics
-            # from the stored tensors, keep the generation and its timing; regenerate if the tensors are gone
-            found = _refresh_metrics(out_dir, found, metric_ctx, signature, base_run, base_record, plan, log,
-                                     run=found_run)
-        if found is not None:
-            log(f"[{position}/{total}] {arm.name}: reusing the finished record "
-                f"({found['summary'].get('ms_per_image', {}).get('mean', float('nan')):.1f} ms/image)")
-            if found["arm"] != arm.name:  # renamed arm: keep a copy (record and tensors) under the current name
-                old_pt = rec.record_paths(out_dir, found["arm"])[1]
-                if old_pt.is_file() and not pt_path.is_file():
-                    rec.write_atomic(pt_path, lambda tmp: shutil.copyfile(old_pt, tmp), root=out_dir)
-                found = dict(found, arm=arm.name, description=arm.description, changes=arm.changes)
-                rec.write_json_atomic(json_path, found, root=out_dir)
-            if is_base:
-                base_run = found_run
-                base_record = found
-                base_identity = baseline_identity(found, found_run)
-            elif "identical_to_baseline" not in found and found_run is not None:
-                # a record written before this was recorded: computed from the stored samples and kept in it
-                found = dict(found, identical_to_baseline=identical_to_baseline(found_run, base_run))
-                rec.write_json_atomic(json_path, found, root=out_dir)
-            if not is_base:
-                _warn_unchanged(arm.name, found.get("identical_to_baseline"), found.get("metrics", {}).get(
-                    "activation_scale"), adapter.num_scales, log)
-            records.append(found)
-            reused.append(arm.name)
-            export_arm_images(image_root, arm.name, found_run, conditions, prompt_set, log)
-            continue
-        log(f"[{position}/{total}] {arm.name}: {arm.description}")
-        t0 = time.perf_counter()
-        # batches reach arms/<slug>.partial/ as they finish; a killed run resumes at the next unfinished one
-        spool, skip = open_spool(out_dir, arm.name, config.key(), -(-len(conditions) // options.batch_size), log)
-        if channel is not None:  # the other ranks join this generation
-            channel.send({"kind": "generate", "arm": arm.name, "policy": None if is_base else arm.config,
-                          "sampling": sampling, "conditions": conditions, "batch_size": options.batch_size,
-                          "warmup": options.warmup, "warmup_batch_size": warm_batch, "threads": threads,
-                          "profile": bool(options.profile), "skip_first": skip})
-        run = run_generation(adapter, conditions, policy_config=None if is_base else arm.config,
-                             sampling=sampling, batch_size=options.batch_size, warmup=options.warmup,
-                             warmup_batch_size=warm_batch,
-                             launch=launch, probes=probes, threads=threads, spool=spool, skip_first=skip,
-                             progress=f"[{position}/{total}] {arm.name}" if options.progress else False)
-        warm_batch = 1
-        if is_base:
-            base_run = run
-        assert base_run is not None, "the baseline runs first"
-        metrics = compute_arm_metrics(run.images_u8, base_run.images_u8, run.labels, run.tokens, base_run.tokens,
-                                      metric_ctx, is_baseline=is_base)
-        record = _arm_record(config, arm, run, metrics, adapter, plan, None if is_base else base_record,
-                             signature)
-        record["protocol"] = protocol_record(options, metric_ctx.fid_reference)  # var_core.eval.reference
-        record["timing"]["arm_wall_seconds"] = time.perf_counter() - t0
-        record["tensors"] = {"file": pt_path.name, "sha256": run.content_hash()}
-        used_threads = (run.processes[0].get("threads") if run.processes else None) or threads
-        record["timing"]["load"] = load_summary(run.batches, used_threads, torch.device(device).type
-                                                if device is not None else adapter.device.type)
-        if not is_base:
-            record["identical_to_baseline"] = identical_to_baseline(run, base_run)
-            _warn_unchanged(arm.name, record["identical_to_baseline"], run.activation_scale, adapter.num_scales, log)
-        if is_base:
-            base_identity = baseline_identity(record, run)
-        record["baseline"] = {"arm": next(a.name for a in available if a.role == "baseline"),
-                              "identity": base_identity,
-                              "created": record["created"] if is_base else base_record["created"]}
-        old = rec.read_record(json_path)  # a finished record of this arm that is recomputed: kept, not replaced
-        if old is not None:
-            _set_aside(out_dir, [(arm.name, old)], "recomputed: " + (recompute_reason or "its files could not be "
-                       "reused"), log, image_root)
-        rec.write_atomic(pt_path, run.save, root=out_dir)
-        rec.write_json_atomic(json_path, record, root=out_dir)
-        close_spool(out_dir, arm.name)  # the arm's tensors and record are written: its batches are done
-        if is_base:
-            base_record = record
-        _save_grid(out_dir, arm.name, run, base_run, options.grid_samples)
-        export_arm_images(image_root, arm.name, run, conditions, prompt_set, log)
-        records.append(record)
-        computed.append(arm.name)
-        s = record["summary"]
-        log(f"    {s['ms_per_image']['mean']:.1f} ms/image"
-            + (f", speedup {s['speedup']['mean']:.2f}x" if "speedup" in s else "")
-            + (f", PSNR {s['psnr_mean_mse']['mean']:.2f} dB (of the mean MSE)" if "psnr_mean_mse" in s else "")
-            + (f", class acc {s['class_correct']['mean']:.3f}" if "class_correct" in s else "")
-            + f"  ({record['timing']['arm_wall_seconds']:.1f} s)")
+    study.probes = [LoadProbe()] + ([ProfilerProbe(device=study.device)] if study.options.profile else [])
 
-    if channel is not None:
-        channel.close()  # nothing more to generate: the other ranks are released before rank-0-only work
+
+def _reuse_arm(study: _Study, progress: _Progress, arm: Arm, tag: str, log: Callable[[str], None]) -> bool:
+    """Reuse the arm's finished record when its key, tensors and baseline still hold (metrics refreshed when the
+    metric context changed); False when it must be computed (``progress.recompute_reason`` says why)."""
+    out_dir, is_base = study.out_dir, arm.role == "baseline"
+    config = study.config_for(arm)
+    json_path, pt_path = rec.record_paths(out_dir, arm.name)
+    _check_record_file(json_path, log)
+    found = rec.find_reusable(out_dir, config, need_tensors=is_base)
+    found_run, progress.recompute_reason = None, None
+    if found is not None:  # its tensors must be readable (weights_only) and be those of the record
+        found, found_run = _load_verified(out_dir, found, log)
+        if found is None:
+            progress.recompute_reason = "its tensor file could not be read or did not match it (moved to *.corrupt)"
+        if is_base and found_run is None:
+            found = None  # the later arms need the baseline's samples
+            progress.recompute_reason = progress.recompute_reason or "the baseline's tensor file is missing"
+    if found is not None and not is_base:
+        assert progress.base_record is not None and progress.base_identity is not None, "the baseline runs first"
+        why = _stale_against_baseline(found, progress.base_record, progress.base_identity)
+        if why is not None:
+            log(f"{tag} {arm.name}: recomputing the finished record: {why}")
+            found, progress.recompute_reason = None, why
+    if found is not None and found.get("metrics", {}).get("signature") != study.signature:
+        # measured with another metric context (e.g. the classifier appeared since): recompute the metrics
+        # from the stored tensors, keep the generation and its timing; regenerate if the tensors are gone
+        found = _refresh_metrics(out_dir, found, study.metric_ctx, study.signature, progress.base_run,
+                                 progress.base_record, study.plan, log, run=found_run)
+    if found is None:
+        return False
+    log(f"{tag} {arm.name}: reusing the finished record "
+        f"({found['summary'].get('ms_per_image', {}).get('mean', float('nan')):.1f} ms/image)")
+    if found["arm"] != arm.name:  # renamed arm: keep a copy (record and tensors) under the current name
+        _copy_renamed(out_dir, found["arm"], arm.name)
+        found = dict(found, arm=arm.name, description=arm.description, changes=arm.changes)
+        rec.write_json_atomic(json_path, found, root=out_dir)
+    if is_base:
+        progress.base_run, progress.base_record = found_run, found
+        progress.base_identity = baseline_identity(found, found_run)
+    elif "identical_to_baseline" not in found and found_run is not None:
+        # a record written before this was recorded: computed from the stored samples and kept in it
+        found = dict(found, identical_to_baseline=identical_to_baseline(found_run, progress.base_run))
+        rec.write_json_atomic(json_path, found, root=out_dir)
+    if not is_base:
+        _warn_unchanged(arm.name, found.get("identical_to_baseline"), found.get("metrics", {}).get(
+            "activation_scale"), study.adapter.num_scales, log)
+    progress.records.append(found)
+    progress.reused.append(arm.name)
+    export_arm_images(study.image_root, arm.name, found_run, study.conditions, study.prompt_set, log)
+    return True
+
+
+def _copy_renamed(out_dir: Path, old_name: str, new_name: str) -> None:
+    """A renamed arm's tensors under its current name: the index file and, beside it, its samples folder."""
+    from var_core.eval.store import samples_folder
+
+    old_pt, pt_path = rec.record_paths(out_dir, old_name)[1], rec.record_paths(out_dir, new_name)[1]
+    if not old_pt.is_file() or pt_path.is_file():
+        return
+    old_samples = samples_folder(old_pt)
+    if old_samples.is_dir() and not old_samples.is_symlink():  # an index (varscope.run/2): copy its folder too
+        new_samples = samples_folder(pt_path)
+        tmp = new_samples.with_name(f".{new_samples.name}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(old_samples, tmp, symlinks=False)
+        if new_samples.exists():
+            shutil.rmtree(new_samples)
+        os.replace(tmp, new_samples)
+        run = GenerationRun.load(old_pt)
+        run.samples_dir = new_samples  # the index names the copy
+        rec.write_atomic(pt_path, run.save, root=out_dir)
+    else:
+        rec.write_atomic(pt_path, lambda tmp: shutil.copyfile(old_pt, tmp), root=out_dir)
+
+
+def _compute_arm(study: _Study, progress: _Progress, arm: Arm, tag: str, channel: RankChannel | None,
+                 log: Callable[[str], None]) -> None:
+    """Generate the arm batch by batch into its spool (resumed after a kill), measure it against the baseline's
+    stored samples, and write its samples folder, index file and record (then its grid and exported images)."""
+    options, out_dir, is_base = study.options, study.out_dir, arm.role == "baseline"
+    config = study.config_for(arm)
+    json_path, pt_path = rec.record_paths(out_dir, arm.name)
+    log(f"{tag} {arm.name}: {arm.description}")
+    t0 = time.perf_counter()
+    # batches reach arms/<slug>.partial/ as they finish; a killed run resumes at the next unfinished one
+    spool, skip = open_spool(out_dir, arm.name, config.key(), -(-len(study.conditions) // options.batch_size), log)
+    if channel is not None:  # the other ranks join this generation
+        channel.send({"kind": "generate", "arm": arm.name, "policy": None if is_base else arm.config,
+                      "sampling": study.sampling, "conditions": study.conditions, "batch_size": options.batch_size,
+                      "warmup": options.warmup, "warmup_batch_size": progress.warm_batch, "threads": study.threads,
+                      "profile": bool(options.profile), "skip_first": skip})
+    run = run_generation(study.adapter, study.conditions, policy_config=None if is_base else arm.config,
+                         sampling=study.sampling, batch_size=options.batch_size, warmup=options.warmup,
+                         warmup_batch_size=progress.warm_batch, launch=study.launch, probes=study.probes,
+                         threads=study.threads, spool=spool, skip_first=skip,
+                         progress=f"{tag} {arm.name}" if options.progress else False)
+    progress.warm_batch = 1
+    base_run = run if is_base else progress.base_run
+    assert base_run is not None, "the baseline runs first"
+    # images and tokens are read batch by batch from the two spools (the arm's and the baseline's samples)
+    metrics = compute_arm_metrics(run.images_u8, base_run.images_u8, run.labels, run.tokens, base_run.tokens,
+                                  study.metric_ctx, is_baseline=is_base)
+    record = _arm_record(config, arm, run, metrics, study.adapter, study.plan,
+                         None if is_base else progress.base_record, study.signature)
+    record["protocol"] = protocol_record(options, study.metric_ctx.fid_reference)  # var_core.eval.reference
+    record["timing"]["arm_wall_seconds"] = time.perf_counter() - t0
+    record["tensors"] = {"file": pt_path.name, "sha256": run.content_hash()}
+    used_threads = (run.processes[0].get("threads") if run.processes else None) or study.threads
+    record["timing"]["load"] = load_summary(run.batches, used_threads, torch.device(study.device).type
+                                            if study.device is not None else study.adapter.device.type)
+    if not is_base:
+        record["identical_to_baseline"] = identical_to_baseline(run, base_run)
+        _warn_unchanged(arm.name, record["identical_to_baseline"], run.activation_scale, study.adapter.num_scales,
+                        log)
+    else:
+        progress.base_identity = baseline_identity(record, run)
+    record["baseline"] = {"arm": next(a.name for a in study.available if a.role == "baseline"),
+                          "identity": progress.base_identity,
+                          "created": record["created"] if is_base else progress.base_record["created"]}
+    _write_arm(study, arm, run, record, progress.recompute_reason, log)
+    if is_base:
+        progress.base_run, progress.base_record = run, record
+    _save_grid(out_dir, arm.name, run, base_run, options.grid_samples)
+    export_arm_images(study.image_root, arm.name, run, study.conditions, study.prompt_set, log)
+    progress.records.append(record)
+    progress.computed.append(arm.name)
+    s = record["summary"]
+    log(f"    {s['ms_per_image']['mean']:.1f} ms/image"
+        + (f", speedup {s['speedup']['mean']:.2f}x" if "speedup" in s else "")
+        + (f", PSNR {s['psnr_mean_mse']['mean']:.2f} dB (of the mean MSE)" if "psnr_mean_mse" in s else "")
+        + (f", class acc {s['class_correct']['mean']:.3f}" if "class_correct" in s else "")
+        + f"  ({record['timing']['arm_wall_seconds']:.1f} s)")
+
+
+def _write_arm(study: _Study, arm: Arm, run: GenerationRun, record: dict, recompute_reason: str | None,
+               log: Callable[[str], None]) -> None:
+    """The arm's files, in crash-safe order: an earlier finished record of it set aside, the spool renamed to
+    ``arms/<slug>.samples/`` (the samples, batch files), the index file, the record last."""
+    from var_core.eval.store import samples_folder
+
+    out_dir = study.out_dir
+    json_path, pt_path = rec.record_paths(out_dir, arm.name)
+    old = rec.read_record(json_path)  # a finished record of this arm that is recomputed: kept, not replaced
+    if old is not None:
+        _set_aside(out_dir, [(arm.name, old)], "recomputed: " + (recompute_reason or "its files could not be "
+                   "reused"), log, study.image_root)
+    if run.samples_dir is not None:
+        run.move_samples(samples_folder(pt_path))
+    rec.write_atomic(pt_path, run.save, root=out_dir)
+    rec.write_json_atomic(json_path, record, root=out_dir)
+    close_spool(out_dir, arm.name)  # the arm's samples and record are written: its batches are done
+
+
+def _interleaved_step(study: _Study, log: Callable[[str], None]) -> tuple[dict | None, bool]:
+    """The interleaved re-timing: reused when the folder's covers these arms and settings, else measured."""
+    options, out_dir, available = study.options, study.out_dir, study.available
     interleaved, interleaved_reused = None, False
     if options.timing_rounds > 0 and len(available) > 1:
-        covers = interleaved_covers({a.name: config_for(a).key() for a in available}, options.timing_rounds,
-                                    min(options.timing_batch, len(conditions)),
-                                    threads if threads is not None else torch.get_num_threads(),
-                                    device if device is not None else adapter.device, options.seed)
+        covers = interleaved_covers({a.name: study.config_for(a).key() for a in available}, options.timing_rounds,
+                                    min(options.timing_batch, len(study.conditions)),
+                                    study.threads if study.threads is not None else torch.get_num_threads(),
+                                    study.device if study.device is not None else study.adapter.device,
+                                    options.seed)
         previous = _read_interleaved(out_dir, log)
         why = retime_reason(previous, covers, options.retime)
         if why is None:
@@ -979,8 +1097,9 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
         else:
             log(f"interleaved timing ({why}): {options.timing_rounds} rounds of a batch of {options.timing_batch} "
                 f"per arm, arms back to back in rotating order")
-            interleaved = interleaved_timing(adapter, available, conditions, sampling, options.timing_batch,
-                                             options.timing_rounds, seed=options.seed, threads=threads, device=device)
+            interleaved = interleaved_timing(study.adapter, available, study.conditions, study.sampling,
+                                             options.timing_batch, options.timing_rounds, seed=options.seed,
+                                             threads=study.threads, device=study.device)
             interleaved["covers"] = covers
             interleaved["measured"] = _measurement(why)
             if previous is not None:  # when and why the earlier measurements were taken (their numbers are gone)
@@ -989,24 +1108,33 @@ def _run_study(options: StudyOptions, log: Callable[[str], None], plan: StudyPla
             rec.write_json_atomic(out_dir / "timing_interleaved.json", interleaved, root=out_dir)
     elif options.retime:
         log("note: --retime has nothing to re-measure (--timing-rounds 0, or a single arm)")
+    return interleaved, interleaved_reused
 
+
+def _finish_study(study: _Study, progress: _Progress, interleaved: dict | None, interleaved_reused: bool,
+                  started: float, log: Callable[[str], None]) -> StudyResult:
+    """The family's own analysis, the report (table, plots, grids, W&B) and the manifest (status complete)."""
     from . import report
     from .base import AnalysisContext, run_analysis
 
+    options, out_dir, available = study.options, study.out_dir, study.available
     # the family's own measurement beyond its table (criterion IoU, entropy maps, gamma curve, tau calibration)
-    analysis = run_analysis(options.family, AnalysisContext(adapter, conditions, sampling, out_dir, available,
-                                                            threads=threads, log=log))
-    outputs = report.write_report(out_dir, records, unavailable, plan=plan, adapter=adapter, log=log,
-                                  plots=options.plots, grid_samples=options.grid_samples, wandb_mode=options.wandb,
-                                  base_run=base_run, interleaved=interleaved)
+    analysis = run_analysis(options.family, AnalysisContext(study.adapter, study.conditions, study.sampling,
+                                                            out_dir, available, threads=study.threads, log=log))
+    outputs = report.write_report(out_dir, progress.records, study.unavailable, plan=study.plan,
+                                  adapter=study.adapter, log=log, plots=options.plots,
+                                  grid_samples=options.grid_samples, wandb_mode=options.wandb,
+                                  base_run=progress.base_run, interleaved=interleaved)
     if analysis:
         outputs["analysis"] = analysis
     if interleaved is not None and options.timing_rounds > 0 and len(available) > 1:
         outputs["timing_interleaved_measured"] = dict(interleaved.get("measured") or {}, reused=interleaved_reused)
     seconds = time.perf_counter() - started
-    _write_manifest(out_dir, plan, adapter, sampling, conditions, status="complete", records=records,
-                    outputs=outputs, seconds=seconds, computed=computed, reused=reused)
-    return StudyResult(out_dir, records, computed, reused, unavailable, outputs, seconds)
+    _write_manifest(out_dir, study.plan, study.adapter, study.sampling, study.conditions, status="complete",
+                    records=progress.records, outputs=outputs, seconds=seconds, computed=progress.computed,
+                    reused=progress.reused)
+    return StudyResult(out_dir, progress.records, progress.computed, progress.reused, study.unavailable, outputs,
+                       seconds)
 
 
 INTERLEAVED_FILE = "timing_interleaved.json"

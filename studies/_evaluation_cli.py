@@ -31,6 +31,7 @@ def add_evaluation_arguments(p: argparse.ArgumentParser, unit: str, threads_defa
                    help="interleaved timed repeats of (baseline, arm); each batch keeps its minimum time (default 1)")
     p.add_argument("--classifier", default=None, help="testbed classifier weights (default: the shipped file)")
     p.add_argument("--threads", type=int, default=None, help=f"torch threads (default: {threads_default}); {THREADS_NOTE}")
+    add_fid_reference_argument(p)  # as ablate's
     add_launch_arguments(p, processes=False)  # --accelerator --devices --precision --dtype (studies._args)
 
 
@@ -42,7 +43,7 @@ def evaluation_settings(args: argparse.Namespace, threads: int | None):
                         seed=args.seed, warmup=args.warmup, classifier=args.classifier,
                         paired_timing=not args.no_paired_timing, timing_repeats=args.timing_repeats, threads=threads,
                         accelerator=args.accelerator, devices=args.devices, precision=launch_precision(args),
-                        **model_settings(args))
+                        fid_reference=getattr(args, "fid_reference", None), **model_settings(args))
 
 
 def evaluation_banner(command: str, args: argparse.Namespace) -> str:
@@ -105,11 +106,7 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
     (README "The papers' protocols"; every record names them under ``protocol``)."""
     from var_core.eval.reference import PROTOCOLS
 
-    p.add_argument("--fid-reference", default=None, type=fid_reference_path, metavar="NPZ|DIR",
-                   help="FID of every arm (and the baseline) against reference statistics: an .npz with mu/sigma "
-                        "(pytorch-fid, the ADM evaluator's reference batch, or varscope fid-reference make) or a "
-                        "folder of images (sub-folders: per-category FIDs, MJHQ-30K); in the study's feature space "
-                        "(FID Inception with --inception-weights, else the testbed classifier's: FID-proxy)")
+    add_fid_reference_argument(p)
     p.add_argument("--protocol", default=None, choices=sorted(PROTOCOLS),
                    help="a paper's evaluation protocol as one flag: imagenet-50k = 50 samples per class (50,000 on "
                         "ImageNet), VAR's sampling (cfg 1.5, top-k 900, top-p 0.96), FID vs --fid-reference")
@@ -125,6 +122,16 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts-rewritten", default=None, type=existing_file, metavar="FILE",
                    help="GenEval: the rewritten prompts (one per line or a .jsonl with 'prompt'), line i for "
                         "metadata row i of --prompts; varscope does not rewrite prompts itself")
+
+
+def add_fid_reference_argument(p: argparse.ArgumentParser) -> None:
+    """``--fid-reference NPZ|DIR`` (ablate, sweep, sensitivity)."""
+    p.add_argument("--fid-reference", default=None, type=fid_reference_path, metavar="NPZ|DIR",
+                   help="FID of every arm (and the baseline) against reference statistics, with a bootstrap interval "
+                        "over the generated samples: an .npz with mu/sigma "
+                        "(pytorch-fid, the ADM evaluator's reference batch, or varscope fid-reference make) or a "
+                        "folder of images (sub-folders: per-category FIDs, MJHQ-30K); in the study's feature space "
+                        "(FID Inception with --inception-weights, else the testbed classifier's: FID-proxy)")
 
 
 def existing_file(text: str) -> str:

@@ -112,6 +112,7 @@ class EvalSettings:
     draw: str | None = None
     prompts: str | None = None  # a prompt file (var_core.eval.prompts): text-to-image models only
     save_images: bool | str | None = None  # True: <out>/images/<arm>/...; a folder: <folder>/images/<arm>/...
+    fid_reference: str | None = None  # --fid-reference NPZ|DIR: FID vs reference statistics (fid_ref*), as ablate
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -179,8 +180,8 @@ class SweepEvaluator:
 
     def __init__(self, settings: EvalSettings, out_dir: str | Path, log: Callable[[str], None] = print,
                  family: str = "sweep"):
-        from ablations.runner import (images_root, load_prompts, load_study_model, resolve_model, resolve_sampling,
-                                      sampling_overrides, study_conditions)
+        from ablations.runner import (images_root, load_prompts, load_study_model, load_study_reference,
+                                      resolve_model, resolve_sampling, sampling_overrides, study_conditions)
 
         if settings.samples < 2:
             raise ValueError(f"need at least 2 samples (confidence intervals need spread), got {settings.samples}")
@@ -211,11 +212,15 @@ class SweepEvaluator:
                                                          self.prompt_set)
         self.image_root = images_root(settings.save_images, self.out_dir)
         self.metric_ctx = MetricContext.build(self.adapter, classifier_path=settings.classifier, seed=settings.seed)
+        # --fid-reference: the papers' FID vs reference statistics in every record, with its interval
+        self.metric_ctx.fid_reference = load_study_reference(settings, self.metric_ctx, self.conditions)
         self.signature = {"classifier": self.metric_ctx.classifier is not None,
                           "classifier_reason": self.metric_ctx.classifier_reason, "batch_size": settings.batch_size,
                           "warmup": settings.warmup, "profile": settings.profile,
                           "paired_timing": settings.paired_timing, "timing_repeats": settings.timing_repeats,
-                          "evaluator": "sweeps/1"}
+                          "evaluator": "sweeps/1",
+                          **({"fid_reference": self.metric_ctx.fid_reference.sha256}
+                             if self.metric_ctx.fid_reference is not None else {})}
         self._base_run: GenerationRun | None = None
         self._base_record: dict | None = None
 

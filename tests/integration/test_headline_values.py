@@ -77,7 +77,13 @@ def _table(out):
 
 
 def _tensors(out, name: str) -> dict:
-    return torch.load(rec.record_paths(out, name)[1], map_location="cpu", weights_only=True)
+    """The arm's stored samples (index file + samples folder), materialised."""
+    from var_core.eval.lightning import GenerationRun
+
+    run = GenerationRun.load(rec.record_paths(out, name)[1])
+    return {"indices": run.indices, "labels": run.labels, "seeds": run.seeds, "images_u8": run.images_u8[:],
+            "tokens": list(run.tokens), "entropy": torch.from_numpy(run.entropy),
+            "activation_scale": run.activation_scale}
 
 
 # ----- speedup -------------------------------------------------------------------------------------------------

@@ -43,8 +43,9 @@ def test_rerun_with_another_configuration_keeps_the_first_records(tmp_path, chan
     out = tmp_path / "run"
     run_study(StudyOptions(out=str(out), save_images=True, **SMALL), log=lambda s: None)
     first = {name: digest for name, digest in _digests(out).items() if name.startswith(("arms/", "images/"))}
-    assert sorted(n for n in first if n.startswith("arms/")) == [
-        "arms/baseline.json", "arms/baseline.pt", f"arms/{rec.arm_slug(ARM)}.json", f"arms/{rec.arm_slug(ARM)}.pt"]
+    slug = rec.arm_slug(ARM)  # per arm: record, index file and samples folder (batch files)
+    assert sorted({n.split("/")[1] for n in first if n.startswith("arms/")}) == [
+        "baseline.json", "baseline.pt", "baseline.samples", f"{slug}.json", f"{slug}.pt", f"{slug}.samples"]
     assert f"images/{rec.arm_slug(ARM)}/flat/00001.png" in first
     logs: list[str] = []
     result = run_study(StudyOptions(out=str(out), save_images=True, **{**SMALL, **change}), log=logs.append)
@@ -58,8 +59,8 @@ def test_rerun_with_another_configuration_keeps_the_first_records(tmp_path, chan
     assert len(kept) == 1 and "\n" not in kept[0] and "nothing deleted" in kept[0]
     folder = Path(kept[0].split("moved to ")[1].split("/ (")[0])
     assert folder.parent == out / "superseded" and folder.name.startswith("n2_seed1_")
-    assert sorted(p.name for p in (folder / "arms").iterdir()) == sorted(Path(n).name for n in first
-                                                                        if n.startswith("arms/"))
+    assert sorted(p.name for p in (folder / "arms").iterdir()) == sorted({n.split("/")[1] for n in first
+                                                                         if n.startswith("arms/")})
     assert (folder / "images" / rec.arm_slug(ARM) / "flat" / "00001.png").is_file()
     # the new records are the new configuration's
     new = rec.read_record(rec.record_paths(out, "baseline")[0])
@@ -320,10 +321,12 @@ def test_injected_load_change_flags_the_arm_and_the_table(tmp_path, monkeypatch)
 
 def _tokens_equal_by_hand(out: Path) -> bool:
     """A second implementation: every token tensor and image of the arm's file equals the baseline's."""
-    base = torch.load(rec.record_paths(out, "baseline")[1], weights_only=True)
-    arm = torch.load(rec.record_paths(out, ARM)[1], weights_only=True)
-    same_tokens = all(torch.equal(a, b) for ra, rb in zip(arm["tokens"], base["tokens"]) for a, b in zip(ra, rb))
-    return same_tokens and torch.equal(arm["images_u8"], base["images_u8"])
+    from var_core.eval.lightning import GenerationRun
+
+    base = GenerationRun.load(rec.record_paths(out, "baseline")[1])  # index file + samples folder
+    arm = GenerationRun.load(rec.record_paths(out, ARM)[1])
+    same_tokens = all(torch.equal(a, b) for ra, rb in zip(arm.tokens, base.tokens) for a, b in zip(ra, rb))
+    return same_tokens and torch.equal(arm.images_u8[:], base.images_u8[:])
 
 
 def test_an_arm_that_never_activates_is_marked_identical(tmp_path):

@@ -79,6 +79,36 @@ def _as_nhwc_u8(images) -> np.ndarray:
     return np.ascontiguousarray(array.transpose(0, 2, 3, 1))
 
 
+class _RowsHWC:
+    """``[N, H, W, 3]`` rows of stored samples, each read when asked for (the batch file is cached by the view)."""
+
+    def __init__(self, images):
+        self.images = images
+        n, c, h, w = images.shape
+        if c != 3:
+            raise ValueError(f"images must be [N, 3, H, W], got {tuple(images.shape)}")
+        self.shape = (n, h, w, 3)
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        return np.ascontiguousarray(self.images[row].numpy().transpose(1, 2, 0))
+
+
+def _write_npz_streaming(path: Path, images, labels: np.ndarray) -> None:
+    """What ``np.savez(path, arr_0=images as [N, H, W, 3], arr_1=labels)`` writes, one batch of images at a time
+    (``np.load`` reads it back alike)."""
+    import zipfile
+
+    n, h, w, _ = _RowsHWC(images).shape
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        with archive.open("arr_0.npy", "w", force_zip64=True) as handle:
+            np.lib.format.write_array_header_1_0(handle, {"descr": np.dtype(np.uint8).str, "fortran_order": False,
+                                                          "shape": (n, h, w, 3)})
+            for part in images.batches():
+                handle.write(np.ascontiguousarray(part.numpy().transpose(0, 2, 3, 1)).tobytes())
+        with archive.open("arr_1.npy", "w") as handle:
+            np.lib.format.write_array(handle, np.asarray(labels))
+
+
 def export_images(root: str | Path, arm: str, images, conditions, *, indices: Sequence[int] | None = None,
                   layouts: Sequence[str] | None = None, prompt_metadata: Callable[[int], Mapping] | None = None,
                   seeds: Sequence[int] | None = None) -> dict[str, Any]:
@@ -92,7 +122,11 @@ def export_images(root: str | Path, arm: str, images, conditions, *, indices: Se
     :meth:`~var_core.eval.prompts.PromptSet.geneval_metadata`). Returns the folder, the layouts written and
     their paths, and the image count. ``seeds``: the seed of each image when it was not drawn from the
     condition set's own rule (benchmarks seed sample ``i`` with ``seed + i``), recorded in ``samples.jsonl``."""
-    array = _as_nhwc_u8(images)
+    lazy = hasattr(images, "batches")  # an arm's stored samples (var_core.eval.store.SpoolImages): row by row
+    if lazy:
+        array = _RowsHWC(images)
+    else:
+        array = _as_nhwc_u8(images)
     n = array.shape[0]
     indices = list(range(n)) if indices is None else [int(i) for i in indices]
     if len(indices) != n:
@@ -148,6 +182,9 @@ def export_images(root: str | Path, arm: str, images, conditions, *, indices: Se
         path = folder / "samples.npz"
 
         def write_npz(tmp: Path) -> None:
+            if lazy:  # np.savez's layout (stored zip of .npy members), arr_0 written batch by batch
+                _write_npz_streaming(tmp, images, labels)
+                return
             with open(tmp, "wb") as handle:  # a file handle: np.savez would append ".npz" to a bare name
                 np.savez(handle, arr_0=array, arr_1=labels)
 

@@ -71,11 +71,22 @@ MIN_KID_BOOTSTRAP = 4  # fewer samples: KID gets no interval (NaN bounds, method
 
 
 METRIC_CHUNK = 64  # images per forward pass of a metric network: memory O(chunk), not O(samples) (issue 26)
+# pixels per chunk: MS-SSIM's pyramid held ~50 MB per 256-px image of a chunk (64 of them: 3.3 GB), so larger
+# images go in fewer per chunk: 64 up to 90 px, 32 at 128 px, 8 at 256, 2 at 512, 1 at 1024
+METRIC_CHUNK_PIXELS = 1 << 19
 
 
-def _chunks(images: torch.Tensor, size: int = METRIC_CHUNK):
-    """``images`` (uint8 or [0, 1] floats) as 8-bit-quantised float chunks of ``size``: only one chunk is ever a
-    float copy (a whole set's float copy was 4x its uint8 size, 12 MB per 1024-px image)."""
+def chunk_of(images) -> int:
+    """Images per metric chunk for images of this size (:data:`METRIC_CHUNK` at most)."""
+    h, w = int(images.shape[-2]), int(images.shape[-1])
+    return max(1, min(METRIC_CHUNK, METRIC_CHUNK_PIXELS // max(1, h * w)))
+
+
+def _chunks(images: torch.Tensor, size: int | None = None):
+    """``images`` (uint8 or [0, 1] floats) as 8-bit-quantised float chunks of ``size`` (default
+    :func:`chunk_of`): only one chunk is ever a float copy (a whole set's float copy was 4x its uint8 size, 12 MB
+    per 1024-px image)."""
+    size = size or chunk_of(images)
     for i in range(0, images.shape[0], size):
         yield quantize01(images[i:i + size])
 
@@ -118,9 +129,10 @@ def fidelity_per_sample(arm_B3HW: torch.Tensor, base_B3HW: torch.Tensor) -> tupl
 
     if arm_B3HW.shape != base_B3HW.shape:
         raise ValueError(f"image shapes differ: {tuple(arm_B3HW.shape)} vs {tuple(base_B3HW.shape)}")
-    if arm_B3HW.shape[0] > METRIC_CHUNK:  # per-sample values: chunk by chunk, memory O(chunk)
-        parts = [fidelity_per_sample(arm_B3HW[i:i + METRIC_CHUNK], base_B3HW[i:i + METRIC_CHUNK])
-                 for i in range(0, arm_B3HW.shape[0], METRIC_CHUNK)]
+    chunk = chunk_of(arm_B3HW)
+    if arm_B3HW.shape[0] > chunk:  # per-sample values: chunk by chunk, memory O(chunk)
+        parts = [fidelity_per_sample(arm_B3HW[i:i + chunk], base_B3HW[i:i + chunk])
+                 for i in range(0, arm_B3HW.shape[0], chunk)]
         return {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}, parts[0][1]
     a, b = quantize01(arm_B3HW), quantize01(base_B3HW)
     H, W = a.shape[-2:]
@@ -246,7 +258,7 @@ def classify(images_B3HW: torch.Tensor, labels_B: torch.Tensor, classifier, batc
             x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
         return classifier(x.float())
 
-    logits = torch.cat([logits_of(chunk) for chunk in _chunks(images_B3HW, min(batch_size, METRIC_CHUNK))])
+    logits = torch.cat([logits_of(chunk) for chunk in _chunks(images_B3HW, min(batch_size, chunk_of(images_B3HW)))])
     labels = labels_B.cpu().long()
     correct = (logits.argmax(1).cpu() == labels).double().numpy()
     prob = logits.float().softmax(1).cpu().gather(1, labels.view(-1, 1)).view(-1).double().numpy()
@@ -713,7 +725,15 @@ def _as_list(arr: np.ndarray) -> list:
 
 def compute_arm_metrics(arm_images: torch.Tensor, base_images: torch.Tensor, labels: torch.Tensor,
                         arm_tokens, base_tokens, ctx: MetricContext, *, is_baseline: bool = False) -> ArmMetrics:
-    """All metrics of one arm. ``is_baseline``: the reference itself (no fidelity; set metrics vs real only)."""
+    """All metrics of one arm. ``is_baseline``: the reference itself (no fidelity; set metrics vs real only).
+
+    ``arm_images`` / ``base_images``: uint8 ``[n, 3, H, W]`` tensors or an arm's stored samples
+    (:class:`~var_core.eval.store.SpoolImages`, read batch file by batch file): every metric reads them in slices of
+    :func:`chunk_of` images, per-sample metrics pair each slice with the baseline's same slice, so memory is
+    O(chunk) in images (the set-level metrics keep one feature row per sample)."""
+    # a set no larger than one chunk: one tensor (below a chunk the metrics take the set whole)
+    arm_images, base_images = (x[:] if x is not None and not isinstance(x, torch.Tensor) and len(x) <= chunk_of(x)
+                               else x for x in (arm_images, base_images))
     out = ArmMetrics()
     if not is_baseline:
         values, unavailable = fidelity_per_sample(arm_images, base_images)
@@ -760,8 +780,8 @@ def compute_arm_metrics(arm_images: torch.Tensor, base_images: torch.Tensor, lab
         for name in ("fid_inception", "kid_inception", "is_inception"):
             out.unavailable[name] = str(exc)
     if ctx.fid_reference is not None:  # the papers' FID against reference statistics, the baseline's included
-        # TODO(issue 26): features chunk by chunk here too; a float copy of the set only with --fid-reference
-        values, unavailable = ctx.fid_reference.arm_metrics(quantize01(arm_images), labels)
+        values, unavailable = ctx.fid_reference.arm_metrics(arm_images, labels, quantize=True,
+                                                              chunk=chunk_of(arm_images))
         out.set_level.update(values)
         out.unavailable.update(unavailable)
     lpips_name = f"lpips_{ctx.lpips_net}"
@@ -781,10 +801,11 @@ def compute_arm_metrics(arm_images: torch.Tensor, base_images: torch.Tensor, lab
     values, unavailable = {}, {}  # CLIP score, ImageReward, HPSv2.1 per sample, chunk by chunk
     n = arm_images.shape[0]
     per_sample_prompts = ctx.prompts is not None and len(ctx.prompts) == n
-    for i in range(0, n, METRIC_CHUNK):
-        part_ctx = dataclasses.replace(ctx, prompts=tuple(ctx.prompts[i:i + METRIC_CHUNK])) \
-            if per_sample_prompts and n > METRIC_CHUNK else ctx  # the caches (loaded scorers) stay shared
-        part, unavailable = prompt_metrics(quantize01(arm_images[i:i + METRIC_CHUNK]), labels[i:i + METRIC_CHUNK],
+    step = chunk_of(arm_images)
+    for i in range(0, n, step):
+        part_ctx = dataclasses.replace(ctx, prompts=tuple(ctx.prompts[i:i + step])) \
+            if per_sample_prompts and n > step else ctx  # the caches (loaded scorers) stay shared
+        part, unavailable = prompt_metrics(quantize01(arm_images[i:i + step]), labels[i:i + step],
                                            part_ctx)
         for k, v in part.items():
             values.setdefault(k, []).append(np.asarray(v, dtype=float))

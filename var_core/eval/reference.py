@@ -135,6 +135,8 @@ class FIDReference:
     sample_categories: Sequence[str | None] | None = None  # the generated samples' categories (prompt sets)
     class_names: Sequence[str] | None = None
     space: FeatureSpace | None = field(default=None, repr=False)
+    seed: int = 0  # the interval's bootstrap (the study's --seed)
+    n_resamples: int = 200
 
     def describe(self) -> dict:
         """What every record stores of the reference (``protocol.fid_reference``)."""
@@ -157,25 +159,82 @@ class FIDReference:
         """Running statistics of the generated set, fed batch by batch (memory O(d²), not O(samples))."""
         return ReferenceAccumulator(self)
 
-    def arm_metrics(self, images: torch.Tensor, labels=None, *, chunk: int = 64
+    def arm_metrics(self, images: torch.Tensor, labels=None, *, chunk: int = 64, quantize: bool = False
                     ) -> tuple[dict[str, dict], dict[str, str]]:
         """``fid_ref`` (all samples against the reference's ``all``) and ``fid_ref_<category>`` (the samples of
         that category against the category's statistics), each a summary naming its protocol; and the
-        unavailable ones with why. ``images`` go through the feature network ``chunk`` at a time."""
+        unavailable ones with why. ``images`` go through the feature network ``chunk`` at a time (``quantize``:
+        each chunk to the 8-bit grid first, as every study metric reads images)."""
+        from .metric_base import quantize01
+
         acc = self.new_accumulator()
         labels = None if labels is None else torch.as_tensor(labels).reshape(-1)
-        for i in range(0, images.shape[0], chunk):
-            acc.update(images[i:i + chunk], None if labels is None else labels[i:i + chunk])
+        for i in range(0, images.shape[0], chunk):  # one chunk at a time (a float copy of a chunk only)
+            part = images[i:i + chunk]
+            acc.update(quantize01(part) if quantize else part, None if labels is None else labels[i:i + chunk])
         return acc.finish()
 
-    def _entry(self, moments: "RunningMoments", category: str) -> dict:
+    def _entry(self, moments: "RunningMoments", category: str, features: np.ndarray | None = None) -> dict:
         mu_r, sigma_r, n_r = self.stats[category]
         mu, sigma = moments.statistics()
-        value = frechet_distance(mu, sigma, mu_r, sigma_r).fid
-        return {"mean": float(value), "low": None, "high": None, "n": int(moments.n), "level": None,
+        value = float(frechet_distance(mu, sigma, mu_r, sigma_r).fid)
+        low = high = None
+        method = "no interval (the generated samples' features were not kept)"
+        if features is not None and features.shape[0] >= 2:
+            lo, hi, resamples = reference_fid_interval(features, mu_r, sigma_r, n_resamples=self.n_resamples,
+                                                       seed=self.seed)
+            low, high = min(lo, value), max(hi, value)
+            method = (f"bootstrap over the generated samples ({resamples} resamples) against the fixed reference "
+                      f"statistics (the reference's own sampling error is not in the interval); percentile, "
+                      f"bias-shifted")
+        return {"mean": value, "low": low, "high": high, "n": int(moments.n), "level": 0.95 if low is not None
+                else None, "method": method,
                 "features": self.dim, "feature_space": self.feature_space, "category": category,
                 "reference": self.source, "reference_sha256": self.sha256, "n_reference": n_r,
                 "protocol": f"FID vs reference ({self.feature_space})"}
+
+
+#: flops one FID-vs-reference bootstrap may spend before it takes fewer resamples (said in its ``method``)
+REFERENCE_BOOTSTRAP_FLOPS = 6e10
+MIN_REFERENCE_RESAMPLES = 50
+
+
+def reference_fid_interval(features: np.ndarray, mu_r: np.ndarray, sigma_r: np.ndarray, *, n_resamples: int = 200,
+                           seed: int = 0, level: float = 0.95) -> tuple[float, float, int]:
+    """Percentile bootstrap interval of the FID of ``features`` ``[n, d]`` (the generated samples, resampled with
+    replacement) against fixed reference statistics ``(mu_r, sigma_r)``, shifted by the bootstrap's bias (duplicates
+    in a resample inflate FID, as for :func:`var_core.eval.metrics.fid_bootstrap`). Only the generated side varies:
+    the reference is a fixed published file (its own sampling error is not in the interval).
+
+    Each resample is a weight vector (counts of ``rng.integers(0, n, n)``), so its covariance is
+    ``(Yᵀ diag(w) Y − n m mᵀ) / (n − 1)`` on the shifted features, with no copy of the resampled rows, and
+    ``tr sqrt(Σ Σ_r) = Σ sqrt(eig(R Σ R))`` with ``R = Σ_r^{1/2}`` computed once. Cost ``n d² + d³`` per resample:
+    beyond :data:`REFERENCE_BOOTSTRAP_FLOPS` fewer resamples are drawn (at least :data:`MIN_REFERENCE_RESAMPLES`).
+    Returns ``(low, high, resamples)``."""
+    x = np.asarray(features, np.float64)
+    n, d = x.shape
+    shift = x.mean(0)
+    y = x - shift
+    sym = (np.asarray(sigma_r, np.float64) + np.asarray(sigma_r, np.float64).T) / 2
+    evals, evecs = np.linalg.eigh(sym)
+    root = (evecs * np.sqrt(np.clip(evals, 0, None))) @ evecs.T
+    tr_r, mu_r = float(np.trace(sym)), np.asarray(mu_r, np.float64)
+
+    def fid(w: np.ndarray) -> float:
+        m = (w @ y) / n
+        cov = ((y * w[:, None]).T @ y - n * np.outer(m, m)) / (n - 1)
+        inner = root @ cov @ root
+        tr_covmean = float(np.sqrt(np.clip(np.linalg.eigvalsh((inner + inner.T) / 2), 0, None)).sum())
+        return float(((shift + m - mu_r) ** 2).sum() + np.trace(cov) + tr_r - 2 * tr_covmean)
+
+    resamples = int(min(n_resamples, max(MIN_REFERENCE_RESAMPLES,
+                                         REFERENCE_BOOTSTRAP_FLOPS // (n * d * d + 10 * d ** 3))))
+    rng = np.random.default_rng(seed)
+    values = np.array([fid(np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64))
+                       for _ in range(resamples)])
+    lo, hi = np.quantile(values, [(1 - level) / 2, 1 - (1 - level) / 2])
+    bias = float(values.mean()) - fid(np.ones(n))
+    return max(0.0, float(lo) - bias), max(0.0, float(hi) - bias), resamples
 
 
 class RunningMoments:
@@ -216,11 +275,14 @@ class ReferenceAccumulator:
         self.index = 0
         self.moments: dict[str, RunningMoments] = {"all": RunningMoments()}
         self.uncategorised = False
+        # the generated samples' features (float32, d values per sample: 8 KB for Inception) for the interval
+        self.features: dict[str, list[np.ndarray]] = {"all": []}
 
     def update(self, images: torch.Tensor, labels=None) -> None:
         feats = self.ref.space.features(images)
         n = feats.shape[0]
         self.moments["all"].update(feats)
+        self.features["all"].append(np.asarray(feats, np.float32))
         if len(self.ref.stats) > 1:
             cats = self.ref._categories_of(labels, n) if self.ref.sample_categories is None else [
                 self.ref.sample_categories[(self.index + i) % len(self.ref.sample_categories)] for i in range(n)]
@@ -229,12 +291,17 @@ class ReferenceAccumulator:
             else:
                 for c in set(cats) & set(self.ref.stats):
                     if c != "all":
-                        self.moments.setdefault(c, RunningMoments()).update(
-                            feats[[i for i, pc in enumerate(cats) if pc == c]])
+                        rows = feats[[i for i, pc in enumerate(cats) if pc == c]]
+                        self.moments.setdefault(c, RunningMoments()).update(rows)
+                        self.features.setdefault(c, []).append(np.asarray(rows, np.float32))
         self.index += n
 
     def finish(self) -> tuple[dict[str, dict], dict[str, str]]:
-        values, unavailable = {"fid_ref": self.ref._entry(self.moments["all"], "all")}, {}
+        def feats(c: str) -> np.ndarray | None:
+            parts = self.features.get(c)
+            return np.concatenate(parts) if parts else None
+
+        values, unavailable = {"fid_ref": self.ref._entry(self.moments["all"], "all", feats("all"))}, {}
         for c in (c for c in self.ref.stats if c != "all"):
             key = f"fid_ref_{c}"
             if self.uncategorised:
@@ -246,7 +313,7 @@ class ReferenceAccumulator:
                 unavailable[key] = (f"{0 if m is None else m.n} generated sample(s) of category {c!r}; FID needs at "
                                     f"least 2")
                 continue
-            values[key] = self.ref._entry(m, c)
+            values[key] = self.ref._entry(m, c, feats(c))
         return values, unavailable
 
 
