@@ -145,3 +145,14 @@ def test_chunked_fidelity_equals_one_image_at_a_time():
         for key in ("psnr", "ssim", "ms_ssim"):
             assert whole[key][i] == pytest.approx(one[key][0], rel=1e-5), (key, i)
     assert len(whole["psnr"]) == 19
+
+
+def test_readers_of_the_one_file_format_still_get_tensors(tmp_path):
+    """Code written for varscope.run/1 (``run.images_u8`` a tensor) keeps working on stored samples: tensor methods
+    and torch functions see all images (the whole arm in memory: a fallback, not what varscope itself does)."""
+    outs = _spool(tmp_path / "s")
+    run = GenerationRun.from_spool(tmp_path / "s")
+    images = torch.cat([o["images_u8"] for o in outs])
+    assert torch.equal(run.images_u8, images) and torch.equal(images, run.images_u8)
+    assert torch.equal(run.images_u8.permute(0, 2, 3, 1), images.permute(0, 2, 3, 1))
+    assert torch.allclose(run.images_u8.float() / 255, images.float() / 255)

@@ -238,6 +238,8 @@ class SpoolImages:
     so the metrics (which read chunks of :func:`~var_core.eval.metrics.chunk_of` images) never hold an arm."""
 
     dtype = torch.uint8
+    device = torch.device("cpu")
+    ndim = 4
 
     def __init__(self, layout: _Layout, chw: tuple[int, int, int]):
         self.layout = layout
@@ -273,6 +275,20 @@ class SpoolImages:
     def __iter__(self):
         for images in self.batches():
             yield from images
+
+    def __getattr__(self, name: str):
+        """Any other tensor method (``.float()``, ``.permute``, ``.numpy()``...) on all images at once: a fallback
+        for readers written for the one-file format, which holds the whole arm in memory (varscope's own code only
+        slices)."""
+        if name.startswith("_") or name in ("layout", "shape"):
+            raise AttributeError(name)
+        return getattr(self[:], name)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """``torch.equal(images, other)`` and other torch functions: on all images at once (as ``__getattr__``)."""
+        whole = lambda v: v[:] if isinstance(v, SpoolImages) else v  # noqa: E731
+        return func(*[whole(a) for a in args], **{k: whole(v) for k, v in (kwargs or {}).items()})
 
     def batches(self):
         """The images batch file by batch file (each ``[b, 3, H, W]``)."""
