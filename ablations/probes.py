@@ -118,10 +118,19 @@ def kv_cache_bytes(records, batch_size: int) -> dict[str, float]:
     """KV-cache bytes per image measured from the cache's tensors (``ScaleRecord.kv_bytes*``, engine.kvcache):
     ``kv_bytes_per_image``, the largest cache carried from one scale to a later one (after the KV policy's
     eviction: what a KV method saves), and ``kv_peak_bytes_per_image``, the largest cache any scale's attention
-    read (the last scale's own keys included). Empty when no record carries them."""
+    read (the last scale's own keys included); and what the buffers hold allocated (their storages, slack
+    included): ``kv_alloc_bytes_per_image`` during the last scale run (where the largest activations coexist
+    with the cache; an eviction re-allocates smaller buffers before it) and ``kv_alloc_peak_bytes_per_image``
+    over all scales (the buffers are first allocated for every token, so this is the dense allocation). Empty
+    when no record carries them."""
     carried = [r.kv_bytes for r in records[:-1] if getattr(r, "kv_bytes", None) is not None]
     peak = [r.kv_bytes_peak for r in records if getattr(r, "kv_bytes_peak", None) is not None]
+    allocated = [r.kv_bytes_allocated_peak for r in records
+                 if getattr(r, "kv_bytes_allocated_peak", None) is not None]
     out = {}
+    if allocated:
+        out["kv_alloc_bytes_per_image"] = allocated[-1] / max(batch_size, 1)
+        out["kv_alloc_peak_bytes_per_image"] = max(allocated) / max(batch_size, 1)
     if carried:
         out["kv_bytes_per_image"] = max(carried) / max(batch_size, 1)
     if peak:

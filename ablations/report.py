@@ -42,6 +42,8 @@ METRICS = (
     ("memory_ratio", "memory_ratio", "peak-mem ratio", 3, 1.0),
     ("kv_mb", "kv_mb", "KV MiB/img", 3, 1.0),  # measured KV cache carried across scales (engine.kvcache)
     ("kv_ratio", "kv_ratio", "KV-bytes ratio", 3, 1.0),
+    ("kv_alloc_mb", "kv_alloc_mb", "KV alloc MiB/img", 3, 1.0),  # KV buffers allocated during the last scale
+    ("kv_alloc_ratio", "kv_alloc_ratio", "KV-alloc ratio", 3, 1.0),
     ("psnr", "psnr", "PSNR dB (capped mean)", 2, 1.0),  # identical images count as 100 dB (kept for old readers)
     ("psnr_differing", "psnr_differing", "PSNR dB (differing)", 2, 1.0),  # over the non-identical samples only
     ("identical", "identical", "identical", 3, 1.0),  # fraction of images equal to the baseline's
@@ -80,7 +82,8 @@ METRICS = (
 PROMPT_AND_IMPORTED = ("clip_score", "image_reward", "hpsv2") + tuple(m[0] for m in METRICS
                                                                      if m[0].startswith(("geneval_", "dpg_")))
 MARKDOWN_COLUMNS = ("ms_per_image", "speedup", "speedup_interleaved", "gflops", "flops_ratio", "peak_mb",
-                    "memory_ratio", "kv_mb", "kv_ratio", "psnr_differing", "identical", "ssim", "ms_ssim",
+                    "memory_ratio", "kv_mb", "kv_ratio", "kv_alloc_mb",
+                    "kv_alloc_ratio", "psnr_differing", "identical", "ssim", "ms_ssim",
                     "token_agreement", "lpips_alex", "lpips_vgg", "class_acc", "fid_proxy", "fid_real",
                     "fid_inception", "kid_inception", "is_inception", "clip_score",
                     "image_reward", "hpsv2") + PROMPT_AND_IMPORTED[3:]
@@ -306,7 +309,8 @@ def table_frame(records: list[dict], unavailable: list | None = None, interleave
                                "n_batches": len(t.get("batches", []))}
         for stem, key, _, _, _ in METRICS + reference_metrics(records):
             summ = _get(s, key)
-            if r["role"] == "baseline" and key in ("speedup", "speedup_interleaved", "flops_ratio", "memory_ratio", "kv_ratio"):
+            if r["role"] == "baseline" and key in ("speedup", "speedup_interleaved", "flops_ratio", "memory_ratio",
+                                                   "kv_ratio", "kv_alloc_ratio"):
                 summ = {"mean": 1.0, "low": 1.0, "high": 1.0, "n": summ["n"] if summ else None}
             row[stem] = summ["mean"] if summ else None
             row[f"{stem}_low"] = summ["low"] if summ else None
@@ -335,7 +339,7 @@ def table_frame(records: list[dict], unavailable: list | None = None, interleave
 
 def _cell(record: dict, stem: str, key: str, digits: int) -> str:
     if record["role"] == "baseline":
-        if key in ("speedup", "speedup_interleaved", "flops_ratio", "memory_ratio", "kv_ratio"):
+        if key in ("speedup", "speedup_interleaved", "flops_ratio", "memory_ratio", "kv_ratio", "kv_alloc_ratio"):
             return "1 (ref)"
         if key in ("psnr", "psnr_differing", "psnr_mean_mse", "identical", "ssim", "ms_ssim", "token_agreement",
                    "fid_proxy", "kid_proxy"):

@@ -490,7 +490,8 @@ def _timing(run: GenerationRun, seed: int) -> dict:
         else:
             errors = {p.get("flops_error") for p in probes if p.get("flops_error")}
             out["flops_error"] = "; ".join(sorted(errors)) or "no FLOPs"
-        for key in ("kv_bytes_per_image", "kv_peak_bytes_per_image"):  # measured KV cache (ablations.probes)
+        for key in ("kv_bytes_per_image", "kv_peak_bytes_per_image", "kv_alloc_bytes_per_image",
+                    "kv_alloc_peak_bytes_per_image"):  # measured KV cache (ablations.probes)
             values = [p[key] for p in probes if p.get(key) is not None]
             if values:
                 out[key] = max(values)
@@ -583,6 +584,9 @@ def _absolute_costs(timing: dict) -> dict:
     if timing.get("kv_bytes_per_image") is not None:
         m = timing["kv_bytes_per_image"] / 2 ** 20
         out["kv_mb"] = Summary(m, m, m, n, method="measured (KV-cache tensors)").to_dict()
+    if timing.get("kv_alloc_bytes_per_image") is not None:
+        m = timing["kv_alloc_bytes_per_image"] / 2 ** 20
+        out["kv_alloc_mb"] = Summary(m, m, m, n, method="measured (KV buffers' storages, last scale)").to_dict()
     if timing.get("peak_memory_bytes") is not None:
         m = timing["peak_memory_bytes"] / 2 ** 20
         out["peak_memory_mb"] = Summary(m, m, m, n, method=timing.get("memory_source", "")).to_dict()
@@ -612,6 +616,10 @@ def _add_relative(record: dict, summary: dict, base_record: dict, seed: int) -> 
         ratio = arm_t["kv_bytes_per_image"] / base_t["kv_bytes_per_image"]
         summary["kv_ratio"] = Summary(ratio, ratio, ratio, arm_t.get("images", 0),
                                       method="measured (KV-cache tensors)").to_dict()
+    if base_t.get("kv_alloc_bytes_per_image") and arm_t.get("kv_alloc_bytes_per_image") is not None:
+        ratio = arm_t["kv_alloc_bytes_per_image"] / base_t["kv_alloc_bytes_per_image"]
+        summary["kv_alloc_ratio"] = Summary(ratio, ratio, ratio, arm_t.get("images", 0),
+                                            method="measured (KV buffers' storages, last scale)").to_dict()
     if base_t.get("peak_memory_bytes") and arm_t.get("peak_memory_bytes") is not None:
         ratio = arm_t["peak_memory_bytes"] / base_t["peak_memory_bytes"]
         summary["memory_ratio"] = Summary(ratio, ratio, ratio, arm_t.get("images", 0),

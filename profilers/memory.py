@@ -22,6 +22,9 @@ Two sources, never mixed in one column:
   - ``kv_reserved_bytes``: what :class:`~var_core.engine.kvcache.KVCache` actually allocates (it pre-allocates
     ``2·R·C·L_max·e`` per block at the block's first append, ``L_max`` = all tokens of all scales, and keeps that
     storage when guidance rows are dropped), so on a real allocator this, not ``kv_cache_bytes``, is resident;
+    where the records carry the buffers' slots (``ScaleRecord.kv_slots``: rows × capacity per block during the
+    scale) it is ``Σ_blocks 2·slots_b·C·e`` instead, which honours a KV policy's eviction (the cache then
+    re-allocates each evicted block at the kept keys plus the tokens still to come);
   - activation tensors of the scale: ``hidden`` ``[R, N, C]``, ``qkv`` ``[R, n, 3C]``, ``mlp_hidden``
     ``[R, n, H_m]``, ``attn_scores`` ``[R, H, n, L]`` (only for blocks that ran eager attention — pass
     ``eager_attention``; the fused SDPA kernels never materialise it), ``logits`` ``[R, N, V]`` in fp32 (the head
@@ -256,6 +259,8 @@ def analytic_memory(
                     scores = max(scores, R * H * counts[attn_index] * kv_len[block] * e)
         kv_used = sum(2 * keys * C * e for keys in kv_keys)
         kv_reserved = sum(2 * rows * L_max * C * e for rows in reserved_rows)
+        if getattr(record, "kv_slots", ()):  # measured buffer sizes: an eviction re-allocated smaller buffers
+            kv_reserved = sum(2 * slots * C * e for slots in record.kv_slots)
         sizes = {
             "hidden": R * N * C * e,
             "qkv": R * max_n * 3 * C * e,

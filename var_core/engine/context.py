@@ -76,6 +76,12 @@ class ScaleRecord:
     kv_bytes_peak: int | None = None
     kv_bytes: int | None = None
     kv_bytes_stored: int | None = None
+    # bytes the KV buffers hold allocated (their storages, KVCache.allocated_nbytes): during this scale and after
+    # its eviction (smaller once an eviction re-allocated a block's buffers), and per block the token slots of the
+    # key storage during the scale (rows x capacity; the analytic memory model's KV term)
+    kv_bytes_allocated_peak: int | None = None
+    kv_bytes_allocated: int | None = None
+    kv_slots: tuple[int, ...] = ()
     # per block: kept keys per row this scale's attention read, for blocks a KV policy evicted (else None); empty
     # when no block was ever evicted (the FLOPs / bytes counters then follow the dense key count)
     attention_lengths: tuple[int | None, ...] = ()

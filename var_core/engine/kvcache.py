@@ -26,6 +26,16 @@ and the kept key length (``attention_lengths``); the bytes (:meth:`KVCache.nbyte
 tensors' shapes and element sizes: ``kept`` counts the valid entries, ``stored`` the entries the buffers hold
 for them (padding included). :func:`apply_kv_policy` is the loop's one call: it asks the policy, evicts, and
 returns the scale record with the bytes (peak during the scale, kept after it).
+
+**Eviction frees memory.** The buffers are allocated at ``max_len`` (every token of every scale), so compacting
+in place would leave the evicted slots allocated. When the capacity a block still needs after an eviction — the
+``m`` kept keys plus every token not yet appended (``max_len`` minus the tokens the block consumed, an upper bound
+whatever later pruning does) — is at most ``SHRINK_BELOW`` of the buffer's length, :meth:`KVCache.evict` gathers
+the kept keys into fresh buffers of that capacity instead (the same one copy; the old buffers are released when
+the last view of them dies, so during the copy both exist for that one block). ``shrink=False`` keeps the
+full-length buffers (the reference the tests compare against: outputs are bitwise the same). The memory actually
+held is measured by :meth:`KVCache.allocated_nbytes` (the buffers' storages, slack and dropped guidance rows
+included) and recorded per scale (``ScaleRecord.kv_bytes_allocated*``, ``kv_slots``).
 """
 
 from __future__ import annotations
@@ -39,6 +49,10 @@ from .attention import CachedKV
 from .packing import host_counts
 
 KV_LAYOUTS = ("packed", "padded")
+#: re-allocate a block's buffers after an eviction when the capacity it still needs is at most this share of the
+#: buffer's length (below it the copy frees at least a quarter of the block's cache; above it, it is not worth a
+#: fresh allocation)
+SHRINK_BELOW = 0.75
 
 
 class KVKeep(NamedTuple):
@@ -74,10 +88,12 @@ class KVBlockView:
 class KVCache:
     """``with KVCache(...) as cache:`` — the buffers are released on exit, also after an exception."""
 
-    def __init__(self, num_blocks: int, max_len: int, layout: str = "packed"):
+    def __init__(self, num_blocks: int, max_len: int, layout: str = "packed", shrink: bool = True):
         self.num_blocks = num_blocks
         self.max_len = max_len
         self.layout = layout
+        self.shrink = shrink  # re-allocate smaller buffers after an eviction (module docstring); False: keep max_len
+        self.consumed: list[int] = []  # per block: token slots appended so far (padding of ragged appends included)
         self._check_layout(layout)
         self.keys: list[torch.Tensor | None] = []
         self.values: list[torch.Tensor | None] = []
@@ -111,6 +127,7 @@ class KVCache:
         self.keys = [None] * self.num_blocks
         self.values = [None] * self.num_blocks
         self.lengths = [0] * self.num_blocks
+        self.consumed = [0] * self.num_blocks
         self.row_lengths = [None] * self.num_blocks
         self.valid = [None] * self.num_blocks
         self.ragged = [False] * self.num_blocks
@@ -125,6 +142,7 @@ class KVCache:
 
     def __exit__(self, *exc) -> None:
         self.keys, self.values, self.lengths, self.row_lengths, self.valid, self.ragged = [], [], [], [], [], []
+        self.consumed = []
         self.attention_pairs = {}
         self.head_valid, self.evicted, self.attention_lengths, self._kept_pairs = [], [], {}, {}
         self._open = False
@@ -148,6 +166,7 @@ class KVCache:
         if self.keys[block] is None:
             self.keys[block] = k_RHnd.new_empty(R, H, self.max_len, hd)
             self.values[block] = v_RHnd.new_empty(R, H, self.max_len, v_RHnd.shape[-1])
+        self.consumed[block] += n
         counts = None
         if valid_Rn is not None:
             # the append's one host synchronisation (lengths are shapes), none where the selection knows its counts
@@ -338,6 +357,11 @@ class KVCache:
         index_d = index.unsqueeze(-1).expand(R, H, m, d)
         kept_k = view.keys.gather(2, index_d)
         kept_v = view.values.gather(2, index.unsqueeze(-1).expand(R, H, m, view.values.shape[-1]))
+        capacity = m + max(self.max_len - self.consumed[block], 0)  # kept keys + every token still to come
+        if self.shrink and capacity <= SHRINK_BELOW * self.keys[block].shape[2]:
+            # fresh buffers at the capacity still needed (also drops guidance rows select_rows only sliced off)
+            self.keys[block] = kept_k.new_empty(R, H, capacity, d)
+            self.values[block] = kept_v.new_empty(R, H, capacity, kept_v.shape[-1])
         self.keys[block][:, :, :m] = kept_k
         self.values[block][:, :, :m] = kept_v
         self.lengths[block] = m
@@ -393,6 +417,23 @@ class KVCache:
                 self.row_lengths[block] = None
                 self.lengths[block] = lens[0] if lens else 0
 
+    def allocated_nbytes(self) -> int:
+        """Bytes the key/value buffers hold allocated (their storages: pre-allocated slack and guidance rows
+        dropped by :meth:`select_rows` included), what the cache occupies on the allocator."""
+        return sum(t.untyped_storage().nbytes() for t in (*self.keys, *self.values) if t is not None)
+
+    def slots(self) -> tuple[int, ...]:
+        """Per block: token slots the key buffer's storage holds, summed over rows (``rows × capacity``; 0 before
+        the block's first append). The analytic memory model multiplies them by ``2·C·e``
+        (profilers.memory)."""
+        out = []
+        for k in self.keys:
+            if k is None:
+                out.append(0)
+            else:
+                out.append(k.untyped_storage().nbytes() // (k.element_size() * k.shape[1] * k.shape[3]))
+        return tuple(out)
+
     def nbytes(self, kept: bool = True) -> int:
         """Bytes of the cached keys and values (not the pre-allocated slack), from the buffers' shapes and element
         sizes: ``kept=True`` counts valid entries only (each row's own length, per-head masks of an eviction, the
@@ -423,9 +464,12 @@ def apply_kv_policy(policy, ctx, cache: KVCache, record):
     """The loop's KV-cache step after scale ``ctx``: ``policy.plan_kv`` decides, per block, the positions that stay
     (None / missing block: all of them); the cache evicts the rest. Returns ``record`` with the KV bytes: the
     cache during the scale (``kv_bytes_peak``, what this scale's attention read) and kept for later scales
-    (``kv_bytes``, ``kv_bytes_stored`` with padding), and the kept key lengths the attention read
-    (``attention_lengths``, evicted blocks only)."""
+    (``kv_bytes``, ``kv_bytes_stored`` with padding), the bytes the buffers hold allocated during the scale and
+    after the eviction (``kv_bytes_allocated_peak``, ``kv_bytes_allocated``) with the per-block slots during the
+    scale (``kv_slots``), and the kept key lengths the attention read (``attention_lengths``, evicted blocks only).
+    """
     peak = cache.nbytes()
+    allocated_peak, slots = cache.allocated_nbytes(), cache.slots()
     decisions = policy.plan_kv(ctx, cache)
     deferred: list = []
     for block, keep in (decisions or {}).items():
@@ -433,7 +477,8 @@ def apply_kv_policy(policy, ctx, cache: KVCache, record):
             cache.evict(block, keep, deferred)
     cache.settle(deferred)
     return dataclasses.replace(record, kv_bytes_peak=peak, kv_bytes=cache.nbytes(),
-                               kv_bytes_stored=cache.nbytes(kept=False),
+                               kv_bytes_stored=cache.nbytes(kept=False), kv_bytes_allocated_peak=allocated_peak,
+                               kv_bytes_allocated=cache.allocated_nbytes(), kv_slots=slots,
                                attention_lengths=cache.take_attention_lengths())
 
 
