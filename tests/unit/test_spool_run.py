@@ -156,3 +156,36 @@ def test_readers_of_the_one_file_format_still_get_tensors(tmp_path):
     assert torch.equal(run.images_u8, images) and torch.equal(images, run.images_u8)
     assert torch.equal(run.images_u8.permute(0, 2, 3, 1), images.permute(0, 2, 3, 1))
     assert torch.allclose(run.images_u8.float() / 255, images.float() / 255)
+
+
+def test_an_arm_is_measured_against_the_baseline_one_chunk_at_a_time(tmp_path, monkeypatch):
+    """compute_arm_metrics, the samples' hash and the identical-to-baseline check on two stored arms never ask the
+    stored images for more than one metric chunk at once, and never for all of them (the one-file format held both
+    arms whole: 2 x 3 MB per 1024-px sample). 40 samples of 128 px: chunks of 32."""
+    from ablations.runner import identical_to_baseline
+    from var_core.eval import store
+    from var_core.eval.metrics import MetricContext, chunk_of, compute_arm_metrics
+
+    for name, shift in (("base", 0), ("arm", 1)):
+        for first in range(0, 40, 8):
+            g = torch.Generator().manual_seed(first)
+            images = torch.randint(0, 200, (8, 3, 128, 128), dtype=torch.uint8, generator=g) + shift
+            write_batch(tmp_path / name, {"indices": list(range(first, first + 8)), "labels": [0] * 8,
+                                          "seeds": list(range(8)), "images_u8": images,
+                                          "tokens": [[torch.tensor([first + j + shift])] for j in range(8)],
+                                          "entropy": torch.zeros(8, 1), "activation_scale": None,
+                                          "batch": {"size": 8, "indices": list(range(first, first + 8))}})
+    base, arm = GenerationRun.from_spool(tmp_path / "base"), GenerationRun.from_spool(tmp_path / "arm")
+    asked, real = [], store.SpoolImages.__getitem__
+
+    def getitem(self, key):
+        asked.append(len(range(*key.indices(len(self)))) if isinstance(key, slice) else 1)
+        return real(self, key)
+
+    monkeypatch.setattr(store.SpoolImages, "__getitem__", getitem)
+    metrics = compute_arm_metrics(arm.images_u8, base.images_u8, arm.labels, arm.tokens, base.tokens,
+                                  MetricContext())
+    arm.content_hash()
+    same = identical_to_baseline(arm, base)
+    assert chunk_of(arm.images_u8) == 32 and asked and max(asked) <= 32, sorted(set(asked))
+    assert len(metrics.per_sample["psnr"]) == 40 and same["images_equal"] == 0 and same["tokens_equal"] == 0

@@ -108,7 +108,7 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, *, level: float = 0.95, s
     return Summary(point, low, high, n, level, method)
 
 
-BOOTSTRAP_CHUNK = 1 << 21  # values per resampling chunk (16 MB of int64 indices): memory O(n), not O(n²)
+BOOTSTRAP_CHUNK = 1 << 18  # values per resampling chunk (2 MB of int64 indices): memory O(n), not O(n²)
 
 
 def _batch(n: int) -> int:
