@@ -274,3 +274,80 @@ def test_sparse_attention_with_kv_eviction_or_token_pruning_is_refused_before_ge
     with pytest.raises(ValueError, match=f"attention=sparvar with .*{name}"):
         AccelPolicy(config).check_model(generation_info(testbed, 1, GuidanceMode.BOTH))
     AccelPolicy(get_preset("sparvar")).check_model(generation_info(testbed, 1, GuidanceMode.BOTH))  # alone: fine
+
+
+def shared_keys_by_definition(pattern: AttentionPattern, q0: int, q1: int) -> set[int]:
+    """The keys every row and head of the queries ``q0 .. q1−1`` may use (plain Python): the prefix, and per scale
+    with a window the rows reached by some query's window × the columns reached by some query's window."""
+    keys = set(range(pattern.dense_keys))
+    win = pattern.windows
+    h, w = win.scale_hw[-1]
+    offset = 0
+    for (hs, ws), r in zip(win.scale_hw, win.radius):
+        if r >= 0:
+            ys = {y for i in range(q0, q1) for y in range(hs) if abs(y - (i // w) * hs // h) <= r}
+            xs = {x for i in range(q0, q1) for x in range(ws) if abs(x - (i % w) * ws // w) <= r}
+            keys |= {offset + y * ws + x for y in ys for x in xs}
+        offset += hs * ws
+    return keys
+
+
+@pytest.mark.parametrize("dense_keys", [0, 1, 3, 7])
+def test_read_pattern_counts_reads_once_and_leaves_the_outputs_bit_identical(dense_keys):
+    """Issue 27: the group key counts and the attended pairs of several patterns come back in ONE device→host read
+    (the host-sync counter sees one event), equal to counts from the definitions (group keys outside the group's
+    prefix and window rectangles, most over rows and heads; pairs of the pair-by-pair mask); then every kernel reads
+    nothing and gives the same bits as the pattern that reads its own counts. ``dense_keys`` 3 and 7 end the prefix
+    inside the 2×2 and 3×3 scales."""
+    from profilers.host_syncs import HostSyncCounter
+
+    from var_core.engine.attention import read_pattern_counts
+
+    g = torch.Generator().manual_seed(3)
+    R, H, n, L, d = 2, 3, 25, 39, 8
+    q, k, v = (torch.randn(R, H, m, d, generator=g) for m in (n, L, L))
+
+    def patterns(kernel):
+        out = []
+        for seed in (0, 1, 2):
+            p = random_pattern(kernel, seed)
+            out.append(AttentionPattern(25, L, key_blocks_RHGL=p.key_blocks_RHGL, query_block=7, windows=p.windows,
+                                        dense_keys=dense_keys, kernel=kernel))
+        return out
+
+    for kernel in SPARSE_KERNELS:
+        filled, plain = patterns(kernel), patterns(kernel)
+        with HostSyncCounter() as counter:
+            read_pattern_counts(filled, torch.device("cpu"))
+        assert counter.total == 1, counter.by_site()
+        for p_f, p_p in zip(filled, plain):
+            keep = mask_by_definition(p_p, R, H)
+            expected_counts = []
+            for group, q0 in enumerate(range(0, n, 7)):
+                shared = shared_keys_by_definition(p_p, q0, min(q0 + 7, n))
+                kb = p_p.key_blocks_RHGL[:, :, group]
+                expected_counts.append(max(sum(1 for j in range(kb.shape[-1]) if kb[r, hd, j] and j not in shared)
+                                           for r in range(R) for hd in range(H)))
+            assert p_f.group_counts == expected_counts
+            with HostSyncCounter() as counter:
+                out_f, pairs_f = sparse_attention(q, k, v, p_f, 0.3)
+            if kernel != "flex":  # flex builds its mask_mod tables from host data (not the default kernel)
+                assert counter.total == 0, (kernel, counter.by_site())
+            out_p, pairs_p = sparse_attention(q, k, v, p_p, 0.3)
+            assert pairs_f == pairs_p == int(keep.sum()) // H, kernel
+            assert torch.equal(out_f, out_p), kernel
+
+
+@pytest.mark.parametrize("dense_keys", [0, 1, 3, 6, 14])
+def test_window_pairs_from_the_grid_sizes_equal_the_pair_by_pair_count(dense_keys):
+    """``host_pairs`` (window_only's pairs, no device read) against the pair-by-pair mask, with the prefix ending
+    before, at and inside a scale; and the windowed key lists of a query group whose columns are not contiguous
+    (queries 8..11 of a 5×5 grid: (1, 3) (1, 4) (2, 0) (2, 1); radius 0 there), by hand."""
+    windows = ScaleWindows(((1, 1), (2, 2), (3, 3), (5, 5)), (-1, 0, 1, 1))
+    pattern = AttentionPattern(25, windows.num_keys, query_block=7, windows=windows, dense_keys=dense_keys)
+    assert pattern.host_pairs() == int(mask_by_definition(pattern, 1, 1).sum())
+    own = ScaleWindows(((1, 1), (5, 5)), (-1, 0))  # positions: 1x1 -> 0, 5x5 -> 1..25
+    keys, local = own.local(8, 12, torch.device("cpu"))
+    assert keys.tolist() == [1 + 5 + 0, 1 + 5 + 1, 1 + 5 + 3, 1 + 5 + 4, 1 + 10 + 0, 1 + 10 + 1, 1 + 10 + 3,
+                             1 + 10 + 4]
+    assert torch.equal(local, own.mask(8, 12, torch.device("cpu")).index_select(1, keys))

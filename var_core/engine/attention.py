@@ -38,7 +38,7 @@ query group, or FlexAttention's block masks) and counts the attended pairs, whic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -460,6 +460,7 @@ class ScaleWindows:
 
     scale_hw: tuple[tuple[int, int], ...]  # the grids of the scales in the cache, the current (query) scale last
     radius: tuple[int, ...]  # per scale in ``scale_hw``: half-width of the window (window size 2r+1), −1 = none
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if len(self.radius) != len(self.scale_hw):
@@ -491,25 +492,56 @@ class ScaleWindows:
         """``(keys [u], mask [q1 − q0, u])``: for each scale with a window, the rectangle of key rows and columns that
         some query of ``q0 .. q1−1`` reaches (ascending cache positions), and the window mask over those keys. The
         rectangles hold every key the windows reach, so the mask over them equals :meth:`mask` there (and
-        :meth:`mask` is False elsewhere)."""
+        :meth:`mask` is False elsewhere). The rectangles' rows and columns are worked out on the host from the grid
+        sizes (no device→host read: issue 27); results are memoised per query range and device."""
+        memo_key = ("local", q0, q1, str(device))
+        if memo_key in self._memo:
+            return self._memo[memo_key]
         h, w = self.scale_hw[-1]
         m = q1 - q0
         q = torch.arange(q0, q1, device=device)
         qy, qx = (q // w).view(m, 1), (q % w).view(m, 1)
+        host_qy = range(q0 // w, (q1 - 1) // w + 1)
+        host_qx = sorted({i % w for i in range(q0, q1)})
         keys, masks, offset = [], [], 0
         for (hs, ws), r in zip(self.scale_hw, self.radius):
             if r >= 0:
                 rows = (torch.arange(hs, device=device).view(1, hs) - qy * hs // h).abs() <= r  # [m, hs]
                 cols = (torch.arange(ws, device=device).view(1, ws) - qx * ws // w).abs() <= r  # [m, ws]
-                y = rows.any(0).nonzero().flatten()
-                x = cols.any(0).nonzero().flatten()
+                y = _index_of(_reached(host_qy, hs, h, r), device)  # = rows.any(0).nonzero(), from host ints
+                x = _index_of(_reached(host_qx, ws, w, r), device)
                 keys.append((offset + y.view(-1, 1) * ws + x.view(1, -1)).flatten())
                 masks.append((rows.index_select(1, y).unsqueeze(2) & cols.index_select(1, x).unsqueeze(1)).flatten(1))
             offset += hs * ws
         if not keys:
-            return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(m, 0, dtype=torch.bool, device=device)
-        return torch.cat(keys), torch.cat(masks, 1)
+            out = torch.zeros(0, dtype=torch.long, device=device), torch.zeros(m, 0, dtype=torch.bool, device=device)
+        else:
+            out = torch.cat(keys), torch.cat(masks, 1)
+        self._memo[memo_key] = out
+        return out
 
+
+def _reached(query_cells: Sequence[int], size: int, query_size: int, radius: int) -> list[int]:
+    """Ascending key rows (or columns) of a ``size`` grid that windows of ``radius`` reach from the query rows (or
+    columns) ``query_cells`` of a ``query_size`` grid (each under ``⌊c·size/query_size⌋``, cut at the border)."""
+    reached = set()
+    for c in query_cells:
+        centre = c * size // query_size
+        reached.update(range(max(centre - radius, 0), min(centre + radius + 1, size)))
+    return sorted(reached)
+
+
+def _index_of(values: list[int], device) -> torch.Tensor:
+    """int64 tensor of the ascending host ints ``values`` on ``device``, built from device ``arange`` runs (no
+    host→device copy of data)."""
+    runs, start = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[i - 1] + 1:
+            runs.append(torch.arange(values[start], values[i - 1] + 1, device=device))
+            start = i
+    if not runs:
+        return torch.zeros(0, dtype=torch.long, device=device)
+    return runs[0] if len(runs) == 1 else torch.cat(runs)
 
 
 class AttentionPattern:
@@ -545,6 +577,10 @@ class AttentionPattern:
         self.key_blocks_RHGL, self.query_block = key_blocks_RHGL, query_block
         self.windows, self.dense_keys, self.kernel = windows, dense_keys, kernel
         self.pairs: int | None = None
+        # host numbers read once for several patterns (read_pattern_counts): per group the most group keys, and the
+        # attended pairs over [R|1, H|1] (without a padding bias); None: each call reads its own from the device
+        self.group_counts: list[int] | None = None
+        self.known_pairs: int | None = None
 
     def mask(self, q0: int = 0, q1: int | None = None, device=None) -> torch.Tensor:
         """bool ``[R|1, H|1, q1 − q0, L]``, True = the query attends to the key."""
@@ -564,13 +600,11 @@ class AttentionPattern:
             out[..., :rows.shape[3]] |= rows
         return out
 
-    def group_keys(self, q0: int, q1: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """For the queries ``q0 .. q1−1`` (inside one query group): ``(keys_RHu, mask)`` with ``keys_RHu`` int64
-        ``[R|1, H|1, u]`` the cache positions each row and head of the group may attend to (its group keys, then
-        the union of the queries' windows and the dense prefix; padding entries repeat a position and are masked)
-        and ``mask`` bool ``[R|1, H|1, q1 − q0, u]`` the pattern over them (the ``gather`` kernel's work)."""
+    def _shared(self, q0: int, q1: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(shared_keys [u_s], shared_mask [m, u_s], shared_L)`` of the queries ``q0 .. q1−1``: the keys every row
+        and head may use (the dense prefix, then the windows' rectangles; prefix keys are masked in the rectangles),
+        the window / prefix pattern over them, and bool ``[L]`` marking those keys (no device→host read)."""
         m = q1 - q0
-        # keys every row and head may use: the dense prefix, then the windows' rectangles (prefix keys masked there)
         prefix = torch.arange(self.dense_keys, device=device)
         shared_keys, shared_mask = prefix, torch.ones(m, self.dense_keys, dtype=torch.bool, device=device)
         if self.windows is not None:
@@ -578,6 +612,18 @@ class AttentionPattern:
             window_mask = window_mask & (window_keys >= self.dense_keys)  # never two columns of one attended key
             shared_keys = torch.cat((prefix, window_keys))
             shared_mask = torch.cat((shared_mask, window_mask), 1)
+        shared_L = torch.zeros(self.num_keys, dtype=torch.bool, device=device).index_fill_(0, shared_keys, True)
+        return shared_keys, shared_mask, shared_L
+
+    def group_keys(self, q0: int, q1: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the queries ``q0 .. q1−1`` (inside one query group): ``(keys_RHu, mask)`` with ``keys_RHu`` int64
+        ``[R|1, H|1, u]`` the cache positions each row and head of the group may attend to (its group keys, then
+        the union of the queries' windows and the dense prefix; padding entries repeat a position and are masked)
+        and ``mask`` bool ``[R|1, H|1, q1 − q0, u]`` the pattern over them (the ``gather`` kernel's work). The
+        number of group keys (the most over rows and heads) comes from :attr:`group_counts` when
+        :func:`read_pattern_counts` filled it, else it is read from the device here (one sync per group)."""
+        m = q1 - q0
+        shared_keys, shared_mask, shared_L = self._shared(q0, q1, device)
         shared_mask = shared_mask.view(1, 1, m, -1)
         if self.key_blocks_RHGL is None:
             return shared_keys.view(1, 1, -1), shared_mask
@@ -591,15 +637,81 @@ class AttentionPattern:
             first[self.dense_keys:] = shared_keys[self.dense_keys:] >= self.dense_keys
         shared_mask = shared_mask | (block.index_select(-1, shared_keys.clamp(max=L_b - 1)) & inside & first
                                      ).unsqueeze(2)
-        block = block.clone()
-        block[..., shared_keys[inside]] = False
-        count = int(block.sum(-1).max())
+        block = block & ~shared_L[:L_b]
+        count = int(block.sum(-1).max()) if self.group_counts is None else self.group_counts[group]
         order = (~block).to(torch.uint8).sort(dim=-1, stable=True).indices[..., :count]  # selected positions first
         valid = block.gather(-1, order)  # [R|1, H|1, c]
         keys = torch.cat((order, shared_keys.view(1, 1, -1).expand(*order.shape[:2], -1)), -1)
         mask = torch.cat((valid.unsqueeze(2).expand(-1, -1, m, -1),
                           shared_mask.expand(order.shape[0], order.shape[1], -1, -1)), -1)
         return keys, mask
+
+    def device_counts(self, device) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """On the device, without reading anything back: ``(counts [G] | None, pairs [])`` — per query group the
+        most group keys outside the group's shared keys over rows and heads (what :meth:`group_keys` sizes its key
+        list by; None without group keys), and the attended pairs summed over the pattern's own ``[R|1, H|1]``
+        (the pairs of a group and row-head are its window / prefix pairs plus, per group key, the group's queries
+        whose window or prefix misses that key)."""
+        n, qb = self.num_queries, self.query_block
+        kb = None if self.key_blocks_RHGL is None else self.key_blocks_RHGL.to(device)
+        counts, pairs = [], torch.zeros((), dtype=torch.long, device=device)
+        for q0 in range(0, n, qb):
+            q1 = min(q0 + qb, n)
+            near = torch.zeros(q1 - q0, self.num_keys, dtype=torch.bool, device=device)  # prefix or window
+            near[:, :self.dense_keys] = True
+            if self.windows is not None:
+                near = near | self.windows.mask(q0, q1, device)
+            near_pairs = near.sum()
+            if kb is None:
+                pairs = pairs + near_pairs
+                continue
+            block = kb[:, :, q0 // qb]  # [R|1, H|1, L_b]
+            L_b = block.shape[-1]
+            _, _, shared_L = self._shared(q0, q1, device)
+            counts.append((block & ~shared_L[:L_b]).sum(-1).amax())
+            missed = (q1 - q0) - near[:, :L_b].sum(0)  # per key: the group's queries that reach it only as a group key
+            pairs = pairs + near_pairs * (kb.shape[0] * kb.shape[1]) + (block * missed).sum()
+        return (None if kb is None else torch.stack(counts)), pairs
+
+    def host_pairs(self) -> int:
+        """The attended pairs of a pattern WITHOUT group keys (prefix and windows: geometry only), worked out on the
+        host from the grid sizes: ``Σ_q |prefix ∪ window(q)|`` over the scale's queries (what a pattern provider
+        stores in :attr:`known_pairs`, reading nothing from the device)."""
+        if self.key_blocks_RHGL is not None:
+            raise ValueError("host_pairs: a pattern with group keys needs read_pattern_counts")
+        n, dense, win = self.num_queries, self.dense_keys, self.windows
+        total = n * dense
+        if win is None:
+            return total
+        h, w = win.scale_hw[-1]
+        if h * w != n:
+            raise ValueError(f"windows over a {h}x{w} query grid, the pattern has {n} queries")
+
+        def span(c: int, size: int, query_size: int, r: int) -> tuple[int, int]:
+            centre = c * size // query_size
+            return max(centre - r, 0), min(centre + r, size - 1)
+
+        offset = 0
+        for (hs, ws), r in zip(win.scale_hw, win.radius):
+            if r >= 0 and offset + hs * ws > dense:
+                ys = [span(qy, hs, h, r) for qy in range(h)]
+                xs = [span(qx, ws, w, r) for qx in range(w)]
+                if offset >= dense:  # no key of the scale in the prefix: rows x columns, separably
+                    total += sum(y1 - y0 + 1 for y0, y1 in ys) * sum(x1 - x0 + 1 for x0, x1 in xs)
+                else:  # the prefix ends inside this scale: count the window's keys past it, row by row
+                    for y0, y1 in ys:
+                        for x0, x1 in xs:
+                            for y in range(y0, y1 + 1):
+                                first = max(x0, dense - offset - y * ws)
+                                total += max(x1 - first + 1, 0)
+            offset += hs * ws
+        return total
+
+    def pairs_for(self, rows: int, heads: int, count: int) -> int:
+        """Attended pairs summed over ``rows`` and averaged over ``heads`` from ``count``, the pairs summed over the
+        pattern's own ``[R|1, H|1]`` (broadcast over the rest)."""
+        shape = (1, 1) if self.key_blocks_RHGL is None else self.key_blocks_RHGL.shape[:2]
+        return count * (rows * heads // (shape[0] * shape[1])) // heads
 
     def mask_mod(self, rows: int, heads: int, device, valid_RL: torch.Tensor | None = None):
         """FlexAttention's ``mask_mod(b, h, q, k) -> bool`` for this pattern, from small tables (group keys padded
@@ -644,6 +756,25 @@ class AttentionPattern:
         return pairs
 
 
+def read_pattern_counts(patterns: Sequence[AttentionPattern], device) -> None:
+    """Fill :attr:`AttentionPattern.group_counts` and :attr:`~AttentionPattern.known_pairs` of ``patterns`` with ONE
+    device→host read (a pattern provider calls it once per scale for all its blocks; issue 27): the ``gather``
+    kernel then sizes each group's key list and every kernel charges its pairs without reading the device."""
+    parts, sizes = [], []
+    for pattern in patterns:
+        counts, pairs = pattern.device_counts(device)
+        part = [pairs.view(1)] if counts is None else [pairs.view(1), counts]
+        parts += part
+        sizes.append(sum(t.numel() for t in part))
+    if not parts:
+        return
+    values = torch.cat(parts).tolist()
+    for pattern, size in zip(patterns, sizes):
+        head, values = values[:size], values[size:]
+        pattern.known_pairs = head[0]
+        pattern.group_counts = head[1:] if pattern.key_blocks_RHGL is not None else None
+
+
 def masked_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
                                scale: float, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``softmax(scale·qkᵀ + bias, masked to keep)·v`` from materialised logits (float32; the tests' reference)."""
@@ -681,33 +812,41 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                          "scales over a dense cache: no token pruning or KV eviction in the same block)")
     valid = _bias_keep(bias)  # [R, 1, 1, L] or None
     kernel = pattern.kernel
+    known = pattern.known_pairs if valid is None else None  # read once per scale for every block
     if kernel == "flex":
         valid_RL = None if valid is None else valid.reshape(R, L)
         out = _flex(q, k, v, pattern.mask_mod(R, H, q.device, valid_RL), scale)
-        keep = pattern.mask(device=q.device) if valid is None else pattern.mask(device=q.device) & valid
-        pattern.pairs = int(torch.count_nonzero(keep)) * (R * H // (keep.shape[0] * keep.shape[1])) // H
+        if known is not None:
+            pattern.pairs = pattern.pairs_for(R, H, known)
+        else:
+            keep = pattern.mask(device=q.device) if valid is None else pattern.mask(device=q.device) & valid
+            pattern.pairs = int(torch.count_nonzero(keep)) * (R * H // (keep.shape[0] * keep.shape[1])) // H
         return out, pattern.pairs
     if kernel in ("reference", "sdpa"):
         keep = pattern.mask(device=q.device)
         if valid is not None:
             keep = keep & valid
-        pattern.pairs = int(torch.count_nonzero(keep)) * (R * H // (keep.shape[0] * keep.shape[1])) // H
+        if known is not None:
+            pattern.pairs = pattern.pairs_for(R, H, known)
+        else:
+            pattern.pairs = int(torch.count_nonzero(keep)) * (R * H // (keep.shape[0] * keep.shape[1])) // H
         if kernel == "reference":
             return masked_attention_reference(q, k, v, keep, scale), pattern.pairs
         return sdpa(q, k, v, attn_mask=keep, scale=scale), pattern.pairs
     out = q.new_empty(R, H, n, v.shape[-1])
-    pairs = 0
+    pairs = torch.zeros((), dtype=torch.long, device=q.device)  # counted on the device when not known: one read
     for q0 in range(0, n, pattern.query_block):
         q1 = min(q0 + pattern.query_block, n)
         keys, keep = pattern.group_keys(q0, q1, q.device)  # each row's and head's keys, the mask over them
         keys = keys.expand(R, H, -1)
         if valid is not None:
             keep = keep & valid.reshape(R, 1, L).expand(R, H, L).gather(2, keys).unsqueeze(2)
-        pairs += int(torch.count_nonzero(keep)) * (R * H // (keep.shape[0] * keep.shape[1]))
+        if known is None:
+            pairs += torch.count_nonzero(keep) * (R * H // (keep.shape[0] * keep.shape[1]))
         index = keys.unsqueeze(-1)
         out[:, :, q0:q1] = sdpa(q[:, :, q0:q1], k.gather(2, index.expand(-1, -1, -1, k.shape[-1])),
                                 v.gather(2, index.expand(-1, -1, -1, v.shape[-1])), attn_mask=keep, scale=scale)
-    pattern.pairs = pairs // H
+    pattern.pairs = pattern.pairs_for(R, H, known) if known is not None else int(pairs) // H
     return out, pattern.pairs
 
 
@@ -735,5 +874,5 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod, scale: fl
 
 __all__ = ["AttentionPattern", "AttentionProbe", "CachedAttention", "CachedKV", "ENTROPY_METHODS",
            "RAGGED_ATTENTION", "SPARSE_KERNELS", "ScaleWindows", "attention_entropy", "entropy_chunked",
-           "entropy_fused", "entropy_materialised", "fused_available", "masked_attention_reference", "row_groups",
-           "sparse_attention"]
+           "entropy_fused", "entropy_materialised", "fused_available", "masked_attention_reference",
+           "read_pattern_counts", "row_groups", "sparse_attention"]

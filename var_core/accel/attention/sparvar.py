@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ...engine.adapters.base import row_slice_after_drop
-from ...engine.attention import SPARSE_KERNELS, AttentionPattern, ScaleWindows
+from ...engine.attention import SPARSE_KERNELS, AttentionPattern, ScaleWindows, read_pattern_counts
 from ..base import AttentionSparsity, Needs, NO_NEEDS
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import ATTENTION_PATTERNS
@@ -121,6 +121,7 @@ class SparVAR(AttentionSparsity):
         self._key_blocks: dict[int, torch.Tensor] = {}  # block -> bool [R, H, G_S, L_S] at the decision scale
         self._decision_guidance = None
         self._windows: dict[int, ScaleWindows] = {}
+        self._patterns_key, self._patterns = None, {}
 
     def needs(self, ctx, signals) -> Needs:
         if ctx.scale_index != self._decision:
@@ -150,15 +151,31 @@ class SparVAR(AttentionSparsity):
         return self._windows[si]
 
     def pattern(self, ctx, block, signals):
-        cfg = self.config
-        kb = self._key_blocks.get(block)
-        if ctx.scale_index <= self._decision or kb is None:
+        if ctx.scale_index <= self._decision or block not in self._key_blocks:
             return None
+        key = (ctx.scale_index, ctx.num_tokens, id(ctx.guidance), ctx.batch_size)
+        if self._patterns_key != key:  # the scale's first block: every block's pattern, their counts read once
+            self._patterns_key, self._patterns = key, self._scale_patterns(ctx)
+        return self._patterns[block]
+
+    def _scale_patterns(self, ctx) -> dict[int, AttentionPattern]:
+        """Every observed block's pattern at this scale, with their key counts and pairs read in one device→host
+        transfer (issue 27: one host sync per sparse scale, not one per block and query group)."""
+        cfg = self.config
         n = ctx.num_tokens
         windows = self._scale_windows(ctx)
-        groups, decision_groups = -(-n // cfg.query_block), kb.shape[2]
-        centres = (torch.arange(groups, dtype=torch.float64) + 0.5) / groups * decision_groups - 0.5
-        nearest = centres.round().long().clamp_(0, decision_groups - 1).to(kb.device)
         sink = sum(h * w for h, w in self._info.scale_hw[:cfg.sink_scales])
-        return AttentionPattern(n, windows.num_keys, key_blocks_RHGL=self._rows(ctx, kb).index_select(2, nearest),
-                                query_block=cfg.query_block, windows=windows, dense_keys=sink, kernel=cfg.kernel)
+        patterns, nearest = {}, None
+        for block, kb in self._key_blocks.items():
+            if nearest is None:  # the decision-scale group nearest each group's centre, computed on the device
+                groups, decision_groups = -(-n // cfg.query_block), kb.shape[2]
+                centres = (torch.arange(groups, dtype=torch.float64, device=kb.device) + 0.5) / groups \
+                    * decision_groups - 0.5
+                nearest = centres.round().long().clamp_(0, decision_groups - 1)
+            patterns[block] = AttentionPattern(n, windows.num_keys,
+                                               key_blocks_RHGL=self._rows(ctx, kb).index_select(2, nearest),
+                                               query_block=cfg.query_block, windows=windows, dense_keys=sink,
+                                               kernel=cfg.kernel)
+        if patterns:
+            read_pattern_counts(list(patterns.values()), next(iter(self._key_blocks.values())).device)
+        return patterns

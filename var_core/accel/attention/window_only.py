@@ -44,14 +44,22 @@ class WindowOnly(AttentionSparsity):
         self.check_model(info)
         self._info = info
         self._first = resolve_scale(self.config.start_scale, info.num_scales)
+        self._scales: dict[int, tuple] = {}  # scale -> (windows, prefix keys, attended pairs per row)
 
     def pattern(self, ctx, block, signals):
         si = ctx.scale_index
         if si < self._first:
             return None
         cfg = self.config
-        windows = scale_windows(self._info.scale_hw, si, window_for(cfg.windows, si, self._info.num_scales),
-                                cfg.cross_window, 0)
-        sink = sum(h * w for h, w in self._info.scale_hw[:cfg.sink_scales])
-        return AttentionPattern(ctx.num_tokens, windows.num_keys, query_block=cfg.query_block, windows=windows,
-                                dense_keys=sink, kernel=cfg.kernel)
+        if si not in self._scales:  # the windows and their pairs (host geometry: no device read, issue 27)
+            windows = scale_windows(self._info.scale_hw, si, window_for(cfg.windows, si, self._info.num_scales),
+                                    cfg.cross_window, 0)
+            sink = sum(h * w for h, w in self._info.scale_hw[:cfg.sink_scales])
+            pairs = AttentionPattern(ctx.num_tokens, windows.num_keys, query_block=cfg.query_block, windows=windows,
+                                     dense_keys=sink).host_pairs()
+            self._scales[si] = windows, sink, pairs
+        windows, sink, pairs = self._scales[si]
+        pattern = AttentionPattern(ctx.num_tokens, windows.num_keys, query_block=cfg.query_block, windows=windows,
+                                   dense_keys=sink, kernel=cfg.kernel)
+        pattern.known_pairs = pairs
+        return pattern
