@@ -189,3 +189,21 @@ def test_an_arm_is_measured_against_the_baseline_one_chunk_at_a_time(tmp_path, m
     same = identical_to_baseline(arm, base)
     assert chunk_of(arm.images_u8) == 32 and asked and max(asked) <= 32, sorted(set(asked))
     assert len(metrics.per_sample["psnr"]) == 40 and same["images_equal"] == 0 and same["tokens_equal"] == 0
+
+
+def test_a_renamed_arm_gets_its_own_copy_of_the_samples_folder(tmp_path):
+    from ablations.runner import _copy_renamed
+    from var_core.eval import records as rec
+
+    old_pt, new_pt = rec.record_paths(tmp_path, "old")[1], rec.record_paths(tmp_path, "new")[1]
+    _spool(tmp_path / "arms" / "old.partial")
+    run = GenerationRun.from_spool(tmp_path / "arms" / "old.partial")
+    run.move_samples(samples_folder(old_pt))
+    run.save(old_pt)
+    want = run.content_hash()
+    _copy_renamed(tmp_path, "old", "new")
+    assert samples_folder(new_pt).is_dir() and torch.load(new_pt, weights_only=True)["samples"] == "new.samples"
+    import shutil
+
+    shutil.rmtree(samples_folder(old_pt))  # the copy does not depend on the old arm's folder
+    assert GenerationRun.load(new_pt).content_hash() == want
