@@ -1,6 +1,9 @@
-"""``python -m studies.calibrate toprovar``: ToProVAR's τ calibration (ToProVAR Fig. 8, appendix A.2).
+"""``python -m studies.calibrate toprovar|hack``: ToProVAR's τ calibration (ToProVAR Fig. 8, appendix A.2), or HACK's
+offline head calibration (structural vs contextual heads, written as ``hack_calibration.json`` for
+``--set kv.calibration=FILE``; see ``var_core.accel.kv.hack``).
 
     python -m studies.calibrate toprovar                          # testbed (or official-tiny), 32 samples
+    python -m studies.calibrate hack --model testbed --samples 8  # HACK's heads, one file
     python -m studies.calibrate toprovar --samples 50 --ssim 0.8 --source attention_block0 --threads 1
 
 Generates the samples densely, measures per sample ρ_s (share of tokens whose attention entropy is below the

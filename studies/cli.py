@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "verify": ("var_core.verify", (), "check our models against the official code's golden outputs (a fixture "
                                       "folder)"),
     "ls": ("studies.ablate", ("ls",), "list families, components, presets, metrics or models (ls TOPIC)"),
-    "calibrate": ("studies.calibrate", (), "ToProVAR's tau calibration (ToProVAR Fig. 8)"),
+    "calibrate": ("studies.calibrate", (), "calibrations that write a file: ToProVAR's tau (Fig. 8), HACK's structural / contextual heads"),
     "gpucheck": ("studies.gpucheck", (), "the first check to run on a GPU machine (GPU tests, then a latency "
                                          "report)"),
     "demo": ("studies.demo", (), "generate a class-conditional sample grid as one PNG"),
