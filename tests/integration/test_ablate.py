@@ -254,10 +254,12 @@ def test_method_family_on_infinity_tiny_end_to_end(tmp_path):
                    threads=1, wandb="disabled", plots=False, timing_rounds=0, family="method")
     logs: list[str] = []
     result = run_study(StudyOptions(out=str(tmp_path / "a"), **options), log=logs.append)
-    assert [a.name for a in result.unavailable] == ["toprovar"]
+    assert [a.name for a in result.unavailable] == ["toprovar", "code"]
     assert "--set schedule.s_rep=" in result.unavailable[0].error
+    assert "testbed-small" in result.unavailable[1].error  # CoDe's refiner is a VAR testbed: named, not run
     assert {r["arm"] for r in result.records} == {"baseline", "nova", "fastvar", "fastvar_toprovar", "ldpruning",
-                                                  "ldpruning_skip", "sparsevar", "skipvar", "stagevar"}
+                                                  "ldpruning_skip", "sparsevar", "skipvar", "stagevar", "stepvar",
+                                                  "scalekv", "hack", "sparvar"}
     fastvar = next(r for r in result.records if r["arm"] == "fastvar")  # recorded as resolved for Infinity
     assert fastvar["policy"]["schedule"]["widths"] == [32, 40, 48, 64] and fastvar["policy"]["per_model"] == ""
     for record in result.records:

@@ -29,6 +29,15 @@ def window_for(windows: tuple[int, ...], si: int, num_scales: int) -> int:
     return windows[max(i, 0)]
 
 
+def check_image_only_cache(info) -> None:
+    """The patterns index the cache by image-token position from 0. HART's self-attention cache begins with its text
+    context tokens (a prefix the patterns do not cover yet), so a sparse pattern is refused there before any
+    generation, not at the first sparse scale."""
+    if info.family == "hart":
+        raise ValueError("sparse attention patterns index the KV cache by image-token position, but HART's cache "
+                         "begins with its text-context tokens: run the attention family on VAR or Infinity models")
+
+
 def check_windows(windows: tuple[int, ...], cross_window: int) -> None:
     if not windows or any(w < 1 or w % 2 == 0 for w in windows):
         raise ValueError(f"windows={windows}: give odd window sizes >= 1 (one per sparse scale, from the end)")
@@ -106,6 +115,7 @@ class SparVAR(AttentionSparsity):
 
     def check_model(self, info) -> None:
         cfg = self.config
+        check_image_only_cache(info)
         check_windows(cfg.windows, cfg.cross_window)
         S = resolve_scale(cfg.decision_scale, info.num_scales)
         if not 0 <= S < info.num_scales - 1:

@@ -8,7 +8,7 @@ from ...engine.attention import SPARSE_KERNELS, AttentionPattern
 from ..base import AttentionSparsity
 from ..knobs import ComponentConfig, knob
 from ..registry import ATTENTION_PATTERNS
-from .sparvar import KERNEL_DOC, check_windows, resolve_scale, scale_windows, window_for
+from .sparvar import KERNEL_DOC, check_image_only_cache, check_windows, resolve_scale, scale_windows, window_for
 
 
 @ATTENTION_PATTERNS.register("window_only")
@@ -34,6 +34,7 @@ class WindowOnly(AttentionSparsity):
         kernel: str = knob("gather", KERNEL_DOC, choices=SPARSE_KERNELS)
 
     def check_model(self, info) -> None:
+        check_image_only_cache(info)
         check_windows(self.config.windows, self.config.cross_window)
         first = resolve_scale(self.config.start_scale, info.num_scales)
         if not 0 < first < info.num_scales:
