@@ -187,8 +187,11 @@ def results_lock(out_dir: str | Path, log: Callable[[str], None] = print):
         if same_host and other["pid"] == os.getpid() and other.get("proc_start") == me["proc_start"]:
             yield None  # nested: this process holds it already
             return
-        if same_host and other["pid"] == os.getppid():
-            yield None  # a child process of the study holding it (e.g. a DDP worker)
+        parent = os.getppid()
+        if same_host and other["pid"] == parent and other.get("proc_start") in (None, _proc_start(parent)):
+            # a child process of the study holding it (e.g. a DDP worker); the start time rules out a reused pid
+            # (an orphaned process's parent is pid 1, which a stale lock may name too)
+            yield None
             return
         alive = _lock_holder_alive(other)
         if alive is None:

@@ -158,8 +158,9 @@ def resolve_config(config: PolicyConfig, model) -> PolicyConfig:
 def describe_config(config: PolicyConfig) -> str:
     """One line: every acting component with all its knobs, then the policy options that differ from
     :class:`PolicyConfig`'s defaults (``name`` and ``per_model`` left out). Components that do nothing are left
-    out: ``none`` / ``full`` ones, and scorer, schedule and restorer under the ``never`` activation."""
-    inert = {"skip": ("none",), "guidance": ("full",), "activation": ("never",), "attention": ("dense",)}
+    out: ``none`` / ``full`` / ``dense`` / ``keep_all`` ones, and scorer, schedule and restorer under the ``never`` activation."""
+    inert = {"skip": ("none",), "guidance": ("full",), "activation": ("never",), "attention": ("dense",),
+             "kv": ("keep_all",)}
     never = config.activation.component_name == "never"
     parts = []
     for kind in COMPONENT_KINDS:
