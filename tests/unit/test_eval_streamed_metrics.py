@@ -68,49 +68,8 @@ def test_kid_memory_is_blocks_not_the_whole_kernel():
     assert math.isfinite(float(kid_weighted(fx[:50], fy[:50])[0]))
 
 
-_FIDELITY_RUN = """
-import sys, torch
-from var_core.eval.metrics import fidelity_per_sample
-n = int(sys.argv[1])
-g = torch.Generator().manual_seed(0)
-a = torch.randint(0, 256, (n, 3, 64, 64), dtype=torch.uint8, generator=g)
-b = a.clone()
-for i in range(0, n, 64):
-    noise = torch.randint(-3, 4, a[i:i + 64].shape, generator=g)
-    b[i:i + 64] = (a[i:i + 64].int() + noise).clamp(0, 255).to(torch.uint8)
-fidelity_per_sample(a[:64], b[:64])
-def status(key):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(key)) / 1024
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-start = status("VmRSS")
-fidelity_per_sample(a, b)
-print(status("VmHWM") - start, status("VmRSS") - start)
-"""
-
-
-def _fidelity_rss(n):
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", _FIDELITY_RUN, str(n)], capture_output=True, text=True, env=env,
-                         check=True, timeout=240).stdout.split()
-    return float(out[-2]), float(out[-1])
-
-
-@pytest.mark.skipif(not __import__("os").access("/proc/self/clear_refs", __import__("os").W_OK),
-                    reason="needs Linux's resettable peak RSS")
-@pytest.mark.slow
-def test_fidelity_peak_rss_does_not_grow_with_the_chunk_count():
-    """PSNR / SSIM / MS-SSIM over 64-px images in a fresh process: 32 chunks of 64 peak within 50 MB of 2 chunks,
-    and what stays resident afterwards does not grow either (glibc kept every chunk's freed buffers resident:
-    +91 MB peak and +110 MB left resident at 2,048 samples vs 128 before the freed pages were released)."""
-    (peak_small, kept_small), (peak_large, kept_large) = _fidelity_rss(128), _fidelity_rss(2048)
-    assert peak_large - peak_small < 50, f"peak +{peak_small:.0f} MB at 128 samples, +{peak_large:.0f} MB at 2,048"
-    assert kept_large - kept_small < 50, f"left +{kept_small:.0f} MB at 128 samples, +{kept_large:.0f} MB at 2,048"
+# Peak RSS against the chunk count is a benchmark (docs/benchmarks.md), not a unit test: it depends on the allocator
+# and the machine's load; test_fidelity_keeps_no_tensor_per_chunk pins what the code holds.
 
 
 def _pair(n, side, seed):

@@ -496,9 +496,11 @@ class _ShardCollector(Callback):
         if ran:  # --precision as generate() entered it (var_core.engine.precision)
             self.environment.update(ran)
         if self.spool is not None:  # memory O(batch): the batch is on disk, nothing of it is kept here
+            from .metrics import release_freed_memory
             from .store import write_batch
 
             self.spooled.append(write_batch(self.spool, outputs, self.environment).name[:-len(".json")])
+            release_freed_memory()  # the batch's freed activations back to the OS: the peak is one batch's, not a drift
             return
         self.outputs.append(outputs)
 
