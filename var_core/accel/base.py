@@ -177,6 +177,12 @@ class Scorer(Component):
         """``[R, N]`` (one score per network row) or ``[B, N]`` (one per sample, shared by its CFG rows)."""
         raise NotImplementedError
 
+    def scores_per_scale(self) -> bool:
+        """Whether :meth:`score` returns the same map for every block and branch of a scale (it reads earlier
+        scales, not the block's input). With a schedule whose :meth:`Schedule.counts_per_scale` holds, the policy
+        selects once per scale. Default False."""
+        return False
+
 
 class Activation(Component):
     """Decides per sample from which scale on acceleration is active."""
@@ -202,6 +208,16 @@ class Schedule(Component):
                     signals: Signals) -> torch.Tensor | None:
         """int64 ``[R]`` tokens to keep per row (N = dense), or None for a dense block."""
         raise NotImplementedError
+
+    def counts_per_scale(self) -> bool:
+        """Whether :meth:`keep_counts` depends on the scores alone (not on the block or branch). Default False."""
+        return False
+
+    def count_bound(self, ctx: ScaleContext, block: int, rows: int, signals: Signals) -> int | None:
+        """A host-known upper bound of :meth:`keep_counts` at this block, known without reading anything the
+        scale computed (``count_sync='bounded'`` runs that many tokens and masks the rest), or None (no bound: the
+        policy reads the counts). Default None."""
+        return None
 
 
 class Restorer(Component):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..engine.context import GenerationInfo, ScaleContext, ScalePlan, ScaleRecord
-from ..engine.packing import host_copy
+from ..engine.packing import host_copy, mark_device_counts
 from ..engine.policy import Policy, TokenSelection, ragged_selection
 from .base import Component, Needs, Signals, block_chunk, ends_block_chunk
 from .knobs import knob
@@ -86,6 +86,17 @@ class PolicyConfig:
     per_model: str = knob("", "name of a preset whose authors' setting for the model in hand (family, depth, "
                           "schedule) this config is resolved to when a generation starts (presets.resolve_config): "
                           "values you changed from that preset's generic config are kept. '' = run as given")
+
+    count_sync: str = _unhashed_default(
+        "per_block", "how a data-dependent kept count becomes a shape: 'per_block' reads each pruned block's count "
+        "on the host (exact shapes; one host synchronisation per pruned block where the count depends on the block's "
+        "input, e.g. NOVA's logit-lens layer linkage); 'bounded' keeps the counts on the device and runs the "
+        "schedule's host-known upper bound of tokens, the slots past each row's count masked out of attention and "
+        "the KV cache (no read inside the scale; the padding slots run and are counted as FLOPs); 'auto' = "
+        "'bounded' at batch 1 (where a stall costs the most and rows cannot be ragged) and 'per_block' above it "
+        "(where packing runs each row's own tokens and a stall is shared by the batch). The kept tokens and their "
+        "math are the same; outputs agree to float rounding. Schedules without a bound run 'per_block'",
+        choices=("per_block", "bounded", "auto"))
 
     # the second-model seam (engine.switch): CoDe's drafter -> refiner hand-over
     refiner: str = _unhashed_default("", "zoo entry of a second model that takes the generation over at "
@@ -170,6 +181,7 @@ class AccelPolicy(Policy):
         self._active_rows_memo: dict = {}
         self._forced_memo: tuple[torch.Tensor, int] | None = None
         self._block_selection: dict[int, Any] = {}
+        self._bound_overflow: torch.Tensor | None = None  # count_sync='bounded': a count above its bound (a bug)
         self.history: list[dict] = []  # per-scale diagnostics of the last generation
 
     def _build(self, config: PolicyConfig) -> None:
@@ -255,9 +267,15 @@ class AccelPolicy(Policy):
         self.history = []
         for part in self.parts.values():
             part.start(info, self.signals)
+        self._bound_overflow = None
 
     def end(self) -> None:
-        pass  # signals are kept until the next start so studies can read diagnostics
+        # signals are kept until the next start so studies can read diagnostics
+        overflow, self._bound_overflow = self._bound_overflow, None
+        if overflow is not None and bool(overflow):  # one read per generation (count_sync='bounded')
+            raise RuntimeError(f"schedule {self.schedule.name!r}: a kept count exceeded the bound its count_bound "
+                               f"promised; the generation kept fewer tokens than the method asks for (a bug: "
+                               f"rerun with --set count_sync=per_block and report it)")
 
     def _span(self, kind: str, si: int | None = None, block: int | None = None):
         return self._tracer.span(f"accel/{kind}", si, block)
@@ -304,6 +322,8 @@ class AccelPolicy(Policy):
             return None
         chunked = cfg.granularity == "chunk"
         key = block_chunk(block, ctx.num_blocks, self.signals.info.block_chunks) if chunked else block
+        if cfg.granularity == "block" and self._selection_per_scale():
+            key = "scale"  # the scorer's map and the schedule's counts are the scale's: one selection serves all
         if cfg.granularity != "branch" and key in self._block_selection:
             return self._block_selection[key]
         with self._span("scorer", ctx.scale_index, block):
@@ -315,6 +335,13 @@ class AccelPolicy(Policy):
         if cfg.granularity != "branch":
             self._block_selection[key] = selection
         return selection
+
+    def _selection_per_scale(self) -> bool:
+        """Whether every block of a scale selects the same tokens: the scorer's scores are the scale's (not its
+        blocks' inputs) and the schedule's counts depend on the scores alone (LD-Pruning's LHEP map with its
+        energy fraction; the third-party SparseVAR's MSE map with its threshold share). Then one selection — and
+        one host read of its counts — serves every block: the same tokens, bit for bit, as selecting per block."""
+        return self.scorer.scores_per_scale() and self.schedule.counts_per_scale()
 
     def _select(self, ctx: ScaleContext, block: int, branch: str, scores: torch.Tensor, rows: int):
         B, N = ctx.batch_size, ctx.num_tokens
@@ -333,6 +360,13 @@ class AccelPolicy(Policy):
             counts = self.schedule.keep_counts(ctx, block, branch, scores, self.signals)
         if counts is None:
             return None
+        mode = self.config.count_sync
+        if mode == "auto":
+            mode = "bounded" if ctx.batch_size == 1 else "per_block"
+        if mode == "bounded" and host_copy(counts) is None:  # host copies are read for free
+            bound = self.schedule.count_bound(ctx, block, rows, self.signals)
+            if bound is not None:
+                return self._select_bounded(ctx, scores, counts, floor, rows, bound)
         # The block's one host synchronisation (the counts become a shape), free where the schedule's counts are
         # host data (a table of the config); the clamp is integer work, the same on the host and on the device.
         counts_host = host_copy(counts)  # read with the scale's other counts (a fixed layer profile)
@@ -348,6 +382,28 @@ class AccelPolicy(Policy):
         counts = torch.where(self._active_rows(counts.device, rows), counts.clamp(min=floor, max=N),
                              torch.full_like(counts, N))
         return top_tokens(scores, counts, n_max, uniform=False, host_counts_R=counts_host)
+
+    def _select_bounded(self, ctx: ScaleContext, scores: torch.Tensor, counts: torch.Tensor, floor: int, rows: int,
+                        bound: int):
+        """``count_sync='bounded'``: the ``n = clamp(bound, floor, N)`` highest-ranked tokens of each row, of which
+        each row's first ``counts[r]`` (on the device, never read here) are valid — the same kept set as reading the
+        counts, padded to a width the host knows. Rows of inactive samples keep ``N`` (all valid only if ``n = N``:
+        a row that must stay dense makes the block dense). A count above the bound is clamped and flagged; the
+        flag is read once, after the generation (:meth:`end`)."""
+        N = ctx.num_tokens
+        active = self._active_rows(counts.device, rows)
+        if not bool(self._active_B.all()) and floor < N:  # host data: some sample not active, its rows run dense
+            n = N
+        else:
+            n = min(max(int(bound), floor), N)
+        counts = torch.where(active, counts.clamp(min=floor, max=N), torch.full_like(counts, N))
+        over = (counts > n).any()
+        self._bound_overflow = over if self._bound_overflow is None else self._bound_overflow | over
+        counts = counts.clamp(max=n)
+        selection = top_tokens(scores, counts, n, uniform=False)
+        if isinstance(selection, TokenSelection) and selection.valid_Rn is not None:
+            mark_device_counts(selection.valid_Rn)
+        return selection
 
     def _forced_count(self, forced: torch.Tensor | None) -> int:
         """Tokens the restorer forces to be kept, read once per mask (restorers hand out one cached mask per

@@ -46,7 +46,7 @@ from typing import NamedTuple
 import torch
 
 from .attention import CachedKV
-from .packing import host_counts
+from .packing import device_counts, host_counts
 
 KV_LAYOUTS = ("packed", "padded")
 #: re-allocate a block's buffers after an eviction when the capacity it still needs is at most this share of the
@@ -107,6 +107,7 @@ class KVCache:
         self.evicted: list[bool] = []  # per block: an eviction happened (attention pairs / lengths recorded)
         self.attention_lengths: dict[int, int] = {}  # evicted blocks: kept keys per row of the latest attention
         self._kept_pairs: dict[int, int] = {}  # per-head masked blocks: kept query-key pairs of the latest append
+        self._pending_lengths: set[int] = set()  # blocks whose host row lengths are upper bounds (device counts)
         self._open = False
 
     @staticmethod
@@ -137,6 +138,7 @@ class KVCache:
         self.evicted = [False] * self.num_blocks
         self.attention_lengths = {}
         self._kept_pairs = {}
+        self._pending_lengths = set()
         self._open = True
         return self
 
@@ -168,7 +170,12 @@ class KVCache:
             self.values[block] = v_RHnd.new_empty(R, H, self.max_len, v_RHnd.shape[-1])
         self.consumed[block] += n
         counts = None
-        if valid_Rn is not None:
+        if device_counts(valid_Rn):  # counts stay on the device (count_sync='bounded'): no read, always ragged
+            self.ragged[block] = True
+            if self.layout == "packed":
+                return self._after_append(block, self._append_device_counts(block, k_RHnd, v_RHnd, valid_Rn),
+                                          valid_Rn)
+        elif valid_Rn is not None:
             # the append's one host synchronisation (lengths are shapes), none where the selection knows its counts
             counts = list(host_counts(valid_Rn) or valid_Rn.sum(1).tolist())
             if all(c == n for c in counts):
@@ -221,6 +228,59 @@ class KVCache:
         self.attention_lengths[block] = int(round(float(keys_RH.double().mean())))
         return CachedKV(kv.keys, kv.values, _bias(valid_RHL, kv.keys.dtype, per_head=True), None, kv.current_Rn,
                         kv.current_valid_Rn, packed=False, on_pairs=kv.on_pairs)
+
+    def _append_device_counts(self, block: int, k_RHnd: torch.Tensor, v_RHnd: torch.Tensor,
+                              valid_Rn: torch.Tensor) -> CachedKV:
+        """Packed layout, counts known on the device only (:func:`~var_core.engine.packing.mark_device_counts`):
+        the same one scatter as :meth:`_append_packed` (each row's valid slots first, from its device length), but
+        the host takes every row's length as ``before + n`` (an upper bound) and attention masks the slots beyond
+        each row's device length. :meth:`resolve_lengths` reads the true lengths once after the scale, so later
+        scales see exact lengths (and, rows agreeing, no mask)."""
+        R, H, n, _ = k_RHnd.shape
+        device = k_RHnd.device
+        before = self.row_lengths[block] or [self.lengths[block]] * R
+        end = max(before) + n
+        if end > self.keys[block].shape[2]:
+            raise RuntimeError(f"KV cache overflow in block {block}: {end} > {self.keys[block].shape[2]} tokens")
+        start_R = self._row_lengths_dev.get(block)
+        if start_R is None:
+            start_R = (torch.full((R,), before[0], dtype=torch.long, device=device) if len(set(before)) == 1
+                       else torch.tensor(before, device=device))
+        start_R1 = start_R.view(R, 1)
+        valid_long = valid_Rn.long()
+        rank_valid = valid_long.cumsum(1) - 1
+        rank_pad = (1 - valid_long).cumsum(1) - 1
+        count_R1 = valid_long.sum(1, keepdim=True)
+        position_Rn = start_R1 + torch.where(valid_Rn, rank_valid, count_R1 + rank_pad)
+        self.keys[block].scatter_(2, position_Rn.view(R, 1, n, 1).expand(R, H, n, k_RHnd.shape[-1]), k_RHnd)
+        self.values[block].scatter_(2, position_Rn.view(R, 1, n, 1).expand(R, H, n, v_RHnd.shape[-1]), v_RHnd)
+        after_R1 = start_R1 + count_R1
+        low = min(before)
+        # slots past a row's length up to the longest possible end: masked, but never uninitialised memory
+        stale = (torch.arange(low, end, device=device).view(1, end - low) >= after_R1).view(R, 1, end - low, 1)
+        self.keys[block][:, :, low:end].masked_fill_(stale, 0)
+        self.values[block][:, :, low:end].masked_fill_(stale, 0)
+        self.lengths[block] = end
+        self.row_lengths[block] = [b + n for b in before]  # upper bounds until resolve_lengths
+        self._row_lengths_dev[block] = after_R1.view(R)
+        self._pending_lengths.add(block)
+        in_row = torch.arange(end, device=device).view(1, end) < after_R1
+        current = torch.where(valid_Rn, start_R1 + rank_valid, start_R1.clamp(max=end - 1).expand(R, n))
+        return CachedKV(self.keys[block][:, :, :end], self.values[block][:, :, :end], _bias(in_row, k_RHnd.dtype),
+                        None, current, valid_Rn, packed=False, on_pairs=self._pairs_recorder(block))
+
+    def resolve_lengths(self) -> None:
+        """Read back, in one transfer, the row lengths of every block appended with device-only counts since the
+        last call (:meth:`_append_device_counts`), so the host lengths (views, masks, bytes, KV policies) are exact
+        again. The loop calls it once per scale, after the scale's blocks (:func:`apply_kv_policy`)."""
+        pending = sorted(self._pending_lengths)
+        if not pending:
+            return
+        self._pending_lengths = set()
+        exact = torch.stack([self._row_lengths_dev[b] for b in pending]).tolist()
+        for block, lengths in zip(pending, exact):
+            self.row_lengths[block] = [int(v) for v in lengths]
+            self.lengths[block] = max(self.row_lengths[block])
 
     def _append_packed(self, block: int, k_RHnd: torch.Tensor, v_RHnd: torch.Tensor,
                        valid_Rn: torch.Tensor | None, counts: list[int] | None) -> CachedKV:
@@ -406,6 +466,7 @@ class KVCache:
 
     def select_rows(self, rows: slice) -> None:
         """Keep only the given network rows (e.g. the conditional half when guidance stops)."""
+        self.resolve_lengths()
         self.keys = [None if k is None else k[rows] for k in self.keys]
         self.values = [None if v is None else v[rows] for v in self.values]
         self.valid = [None if m is None else m[rows] for m in self.valid]
@@ -468,6 +529,7 @@ def apply_kv_policy(policy, ctx, cache: KVCache, record):
     after the eviction (``kv_bytes_allocated_peak``, ``kv_bytes_allocated``) with the per-block slots during the
     scale (``kv_slots``), and the kept key lengths the attention read (``attention_lengths``, evicted blocks only).
     """
+    cache.resolve_lengths()  # blocks appended with device-only counts: their exact lengths, one read
     peak = cache.nbytes()
     allocated_peak, slots = cache.allocated_nbytes(), cache.slots()
     decisions = policy.plan_kv(ctx, cache)

@@ -244,6 +244,18 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
     packing, last_keep, sources = None, None, None
     run: ProjectedTokens | None = None  # a projected run in progress: its blocks work on its own r tokens
     run_RrC = run_input_RNC = None
+    device_rows: dict = {}
+
+    def rows_on(rows: torch.Tensor, device) -> torch.Tensor:
+        """The lens's host row index on ``device``, copied once per scale (every block's lens projects the same
+        samples), not once per block."""
+        if rows.device == device:
+            return rows
+        key = (tuple(rows.tolist()), str(device))  # host data: free
+        if key not in device_rows:
+            device_rows[key] = rows.to(device)
+        return device_rows[key]
+
     for block in range(ctx.num_blocks):
         x_in_RNC = x_RNC
         want_probs = block in plan.attention_blocks
@@ -315,7 +327,8 @@ def _run_scale(adapter, state, ctx: ScaleContext, plan: ScalePlan, policy: Polic
             with tracer.span("lens", si, block):
                 lens = LensProbe(lambda x=x_RNC: adapter.logits(state, x), ctx.batch_size, x_RNC.shape[0],
                                  head_parts=lambda rows=None, x=x_RNC: adapter.head_parts(
-                                     state, x if rows is None else x.index_select(0, rows.to(x.device)), rows))
+                                     state, x if rows is None else x.index_select(0, rows_on(rows, x.device)),
+                                     rows))
                 policy.observe_lens(ctx, block, lens)
                 lens_rows.append((block, lens.projected_rows))
     if run is not None:

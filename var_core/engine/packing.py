@@ -41,6 +41,24 @@ def host_copy(t: torch.Tensor) -> torch.Tensor | None:
     return getattr(t, _HOST_COPY, None)
 
 
+_DEVICE_COUNTS = "_varscope_device_counts"
+
+
+def mark_device_counts(valid_Rn: torch.Tensor) -> torch.Tensor:
+    """Mark a selection's mask as one whose per-row counts stay on the device (``count_sync='bounded'`` of
+    ``accel.policy.PolicyConfig``): every row's valid slots are a prefix, the host knows only the padded width, and
+    nothing may read the counts back during the scale — the engine runs the padded rectangle, the KV cache appends
+    the padded width and masks it (:meth:`~var_core.engine.kvcache.KVCache.resolve_lengths` reads the lengths of
+    every such block once, after the scale). Returns the mask."""
+    setattr(valid_Rn, _DEVICE_COUNTS, True)
+    return valid_Rn
+
+
+def device_counts(valid_Rn: torch.Tensor | None) -> bool:
+    """Whether :func:`mark_device_counts` marked this mask (its counts must not be read during the scale)."""
+    return valid_Rn is not None and getattr(valid_Rn, _DEVICE_COUNTS, False)
+
+
 def host_counts(valid_Rn: torch.Tensor | None) -> tuple[int, ...] | None:
     """The host-known per-row valid counts of a mask (valid slots = a prefix of each row), or None (unknown: the
     caller reads the mask; a view or copy of the mask does not carry them)."""
@@ -89,7 +107,7 @@ class RowPacking:
     @staticmethod
     def worthwhile(valid_Rn: torch.Tensor | None, min_saving: float = 0.1) -> bool:
         """Whether packing saves at least ``min_saving`` of the rows' tokens (it costs two copies of the data)."""
-        if valid_Rn is None:
+        if valid_Rn is None or device_counts(valid_Rn):  # counts on the device: the padded rectangle, no read
             return False
         counts = host_counts(valid_Rn)
         if counts is not None:  # the mask's mean from the host counts (in float64: exact where float32 rounds)

@@ -7,7 +7,7 @@ depend on its batch neighbours.
 
 Host synchronisations (issue 27): the entropy-derived quantities (growth, lens and predictive entropies, ratios,
 counts) stay on the device the entropies live on; only the activation scales are host data, moved to the device
-once per scale (:func:`_per_scale`). A block's kept count reaches the host once, in the policy, where it becomes a
+once per scale (:func:`per_scale`). A block's kept count reaches the host once, in the policy, where it becomes a
 shape.
 """
 
@@ -71,6 +71,23 @@ def keep_from_ratio(ratio: torch.Tensor, num_tokens: int, ratio_is: str = "remov
     return keep.clamp(0, num_tokens).long()
 
 
+def linkage_keep_bound(ctx, signals: Signals, logit_centre_B: torch.Tensor, lam_total: float,
+                       ratio_is: str = "removed") -> int:
+    """Host-known upper bound of a linkage schedule's kept count at this scale (``count_sync='bounded'``).
+
+    The ratio is ``sigmoid(logit_centre − Σ λ·tanh(·))`` with every ``tanh`` in ``[−1, 1]``, so it lies in
+    ``sigmoid(logit_centre ± lam_total)`` whatever the entropies the scale will measure; the bound is the largest
+    kept count over that range and over the started samples (``N`` while a sample has not started: its rows run
+    dense), plus one token against rounding at a ceiling. ``logit_centre_B``: float64 ``[B]`` on the host, known
+    before the scale (τ·(t*+1)/t of NOVA's scale linkage, ``logit(r_base)`` of the layer linkage alone)."""
+    N = ctx.num_tokens
+    if not bool(started_B(ctx, signals).all()):
+        return N
+    centre = logit_centre_B.double()
+    extreme = torch.sigmoid(centre - lam_total) if ratio_is == "removed" else torch.sigmoid(centre + lam_total)
+    return min(int(keep_from_ratio(extreme, N, ratio_is).max()) + 1, N)
+
+
 # ------------------------------------------------------------------------------------------------ per-sample plumbing
 def sample_of_row(batch_size: int, rows: int, device=None) -> torch.Tensor:
     """int64 ``[R]``: the sample each network row belongs to (``r mod B``)."""
@@ -84,7 +101,7 @@ def to_rows(values_B: torch.Tensor, batch_size: int, rows: int, device) -> torch
 _MEMO_KEY = "linkage.per_scale"
 
 
-def _per_scale(ctx, signals: Signals, name, compute):
+def per_scale(ctx, signals: Signals, name, compute):
     """``compute()`` once per scale (memoised in ``signals.extras``; every block of a scale reads the same value),
     so a host→device copy of a per-scale decision happens once per scale, not once per block. The memo is also
     keyed on the activation's ``signals.activation_scale_B`` object: an activation that decides inside a scale
@@ -130,7 +147,7 @@ def activation_scales_on(ctx, signals: Signals, device) -> torch.Tensor:
         if bool((first == first[0]).all()):  # host data
             return torch.full(first.shape, int(first[0]), dtype=first.dtype, device=device)
         return first.to(device)
-    return _per_scale(ctx, signals, ("first", str(device)), on_device)
+    return per_scale(ctx, signals, ("first", str(device)), on_device)
 
 
 def counts_for_rows(ctx, keep_B: torch.Tensor, active_B: torch.Tensor, rows: int, device=None) -> torch.Tensor:
@@ -248,7 +265,7 @@ def per_scale_block_counts(schedule, ctx, rows: int, signals: Signals, device) -
         host_LR = counts_LR.cpu()
         return (torch.stack([r for r, _ in parts]),
                 [attach_host_copy(counts_LR[b], host_LR[b]) for b in range(ctx.num_blocks)])
-    return _per_scale(ctx, signals, ("block_counts", id(schedule), rows, str(device)), every_block)
+    return per_scale(ctx, signals, ("block_counts", id(schedule), rows, str(device)), every_block)
 
 
 def measure_layer_profile(signals: Signals, num_blocks: int) -> tuple[float, ...]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..base import Schedule
 from ..entropy import SCALE_ENTROPY_DEFINITIONS
 from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
-from ._linkage_math import (DIRECTIONS, FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
-                            LayerEntropyLinked, layer_adjusted_ratio,
+from ._linkage_math import (DIRECTIONS, FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, activation_scales,
+                            counts_for_rows, last_growth_B, nova_scale_ratio, per_scale, keep_from_ratio, LayerEntropyLinked, layer_adjusted_ratio,
+                            linkage_keep_bound,
                             layer_difference_on, per_scale_block_counts, started_B,
                             started_on)
 from .scale_linkage import scale_ratio_B
@@ -64,6 +67,22 @@ class DualLinkage(LayerEntropyLinked, Schedule):
         r_B = layer_adjusted_ratio(r_t_B, diff_B, 0.0, cfg.layer_lam)
         keep_B = keep_from_ratio(r_B, ctx.num_tokens, cfg.ratio_is)
         return r_B, counts_for_rows(ctx, keep_B, started_on(ctx, signals, device), rows, device)
+
+    def count_bound(self, ctx, block, rows, signals):
+        """``count_sync='bounded'``: ``r_{t,l} = sigmoid(logit(r_t) − λ_l·tanh(D))`` lies within
+        ``logit(r_t) ± λ_l`` whatever the lens measures inside the scale (:func:`linkage_keep_bound`); ``r_t`` (known
+        before the scale) reaches the host once per scale. None with a fixed ``layer_profile`` (its counts are read
+        once per scale anyway)."""
+        cfg = self.config
+        if cfg.layer_profile:
+            return None
+
+        def host_ratio():  # r_t as scale_ratio_B computes it, from the growth read once
+            g_prev = last_growth_B(ctx, signals, cfg.definition).cpu()
+            return nova_scale_ratio(ctx.scale_index + 1, activation_scales(ctx, signals).double(), g_prev, cfg.tau,
+                                    cfg.scale_lam, cfg.direction)
+        r_t_B = per_scale(ctx, signals, ("dual_linkage.r_t", id(self)), host_ratio)
+        return linkage_keep_bound(ctx, signals, torch.logit(r_t_B.double()), cfg.layer_lam, cfg.ratio_is)
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         if not bool(started_B(ctx, signals).any()):  # host data: nobody accelerated yet, dense

@@ -66,6 +66,9 @@ class EnergyFraction(Schedule):
         min_keep_fraction: float = knob(0.05, "keep at least this fraction of the tokens (guard; 0 = bare rule)",
                                         low=0.0, high=1.0, search=SearchSpace("float", 0.0, 0.2))
 
+    def counts_per_scale(self) -> bool:
+        return True  # a share of the scores' energy: nothing of the block or branch
+
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
         if not bool(started_B(ctx, signals).any()):  # host data: nobody accelerated yet, dense

@@ -11,7 +11,7 @@ from ..knobs import ComponentConfig, SearchSpace, knob
 from ..registry import SCHEDULES
 from .fixed_table import ratio_for_scale
 from ._linkage_math import (FIRST_BLOCK_REFERENCES, RATIO_MEANINGS, counts_for_rows, keep_from_ratio,
-                            LayerEntropyLinked, layer_adjusted_ratio,
+                            LayerEntropyLinked, layer_adjusted_ratio, linkage_keep_bound,
                             layer_difference_on, per_scale_block_counts, started_B,
                             started_on)
 
@@ -96,6 +96,17 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
 
     def skips_scale(self, ctx, signals) -> bool:
         return bool(self.config.scale_ratios) and self._base_ratio(ctx) >= 1.0
+
+    def count_bound(self, ctx, block, rows, signals):
+        """``count_sync='bounded'``: ``r_{t,l} = sigmoid(logit(r_base) − λ·tanh(D))`` lies within
+        ``logit(r_base) ± λ`` (:func:`linkage_keep_bound`); None with a fixed ``layer_profile`` or a base ratio of
+        0 or 1 (counts read once per scale, or no pruning)."""
+        cfg = self.config
+        base = self._base_ratio(ctx)
+        if cfg.layer_profile or not 0.0 < base < 1.0:
+            return None
+        centre = torch.logit(torch.full((ctx.batch_size,), base, dtype=torch.float64))
+        return linkage_keep_bound(ctx, signals, centre, cfg.lam, cfg.ratio_is)
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config

@@ -86,6 +86,9 @@ class ScoreThreshold(Schedule):
             self._cells[key] = first_positions(previous.hw, ctx.hw, device)
         return self._cells[key]
 
+    def counts_per_scale(self) -> bool:
+        return True  # the share of scores above the threshold: nothing of the block or branch
+
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cells = self._measured_cells(ctx, scores_RN.device)
         return threshold_counts(scores_RN, self.config.threshold, ctx.num_tokens, cells)

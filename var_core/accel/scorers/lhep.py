@@ -68,6 +68,9 @@ class LHEPScorer(Scorer):
         native = high_frequency_energy(residual_BChw, cfg.extractor, cfg.window, cfg.fft_radius)
         return resize_map(native, hw, cfg.interpolation)
 
+    def scores_per_scale(self) -> bool:
+        return True  # the previous residual map's energy: the same for every block of the scale
+
     def score(self, ctx, block, branch, x_RNC, signals: Signals) -> torch.Tensor:
         si = ctx.scale_index
         if si not in self._scores:

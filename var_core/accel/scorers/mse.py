@@ -95,6 +95,9 @@ class MSEScorer(Scorer):
                 change_RN = torch.stack([change_RN[:B], change_RN[B:]]).mean(0)
             self._change = {ctx.scale_index: change_RN.view(-1, *ctx.hw)}  # only the latest scale is read
 
+    def scores_per_scale(self) -> bool:
+        return self.config.mode == "block_change"  # the previous scale's change map; mean_distance reads x
+
     def score(self, ctx, block, branch, x_RNC, signals: Signals) -> torch.Tensor:
         if self.config.mode == "mean_distance":
             x = x_RNC.float()
