@@ -399,8 +399,10 @@ class KVCache:
                 valid = valid.unsqueeze(1).expand(R, H, m)
         old = view.head_valid
         if view.row_lengths is not None:
-            in_row = (torch.arange(L, device=index.device).view(1, 1, L)
-                      < torch.tensor(view.row_lengths, device=index.device).view(R, 1, 1)).expand(R, H, L)
+            lengths_R = self._row_lengths_dev.get(block)  # the device copy of the lengths, where one is kept
+            if lengths_R is None or lengths_R.numel() != R:
+                lengths_R = torch.tensor(view.row_lengths, device=index.device)
+            in_row = (torch.arange(L, device=index.device).view(1, 1, L) < lengths_R.view(R, 1, 1)).expand(R, H, L)
             old = in_row if old is None else old & in_row
         if old is not None:
             carried = old.gather(2, index)
@@ -461,6 +463,7 @@ class KVCache:
                 # packed layout's varlen attention, as for ragged token selections), no mask
                 self.head_valid[block] = None
                 self.row_lengths[block] = [int(n) for n in counts]
+                self._row_lengths_dev[block] = c[4:]  # their device copy: the next append copies none over
                 self.lengths[block] = max(counts)
                 self.ragged[block] = True
 

@@ -30,27 +30,45 @@ def _window_slots(n: int, hw: tuple[int, int], window: int, device: str) -> torc
     """Query slots observed for the eviction scores (ScaleKV's observation window, FOUND in the Lvar port): with
     all ``h·w`` tokens computed and ``h, w ≥ g = √window``, the centre token of each cell of a ``g × g`` grid
     (``i·(h//g) + (h//g − 1)//2``); otherwise (small scales, or pruned scales computing ``n < h·w`` tokens:
-    RECONSTRUCTED) ``min(window, n)`` evenly spaced slots among the ``n`` computed ones."""
+    RECONSTRUCTED) ``min(window, n)`` evenly spaced slots among the ``n`` computed ones.
+
+    Built on the device from arange / linspace (no host list copied over, no ``unique``: issue 27)."""
     h, w = hw
     g = int(round(math.sqrt(window)))
     if n == h * w and g * g == window and h >= g and w >= g:
         hp, wp = h // g, w // g
-        rows = [i * hp + (hp - 1) // 2 for i in range(g)]
-        cols = [j * wp + (wp - 1) // 2 for j in range(g)]
-        return torch.tensor([r * w + c for r in rows for c in cols], device=device)
+        rows = torch.arange(g, device=device) * hp + (hp - 1) // 2
+        cols = torch.arange(g, device=device) * wp + (wp - 1) // 2
+        return (rows.view(-1, 1) * w + cols.view(1, -1)).flatten()
     k = min(window, n)
-    return torch.unique(torch.linspace(0, n - 1, k, device=device).round().long())
+    # k <= n points spaced (n-1)/(k-1) >= 1 apart round to distinct integers: the slots are already unique
+    return _spaced(n, k, device)
 
 
-def valid_mask(view: KVBlockView) -> torch.Tensor | None:
-    """bool ``[R, H, L]`` of the live entries (row lengths and earlier per-head evictions), None = all."""
+def valid_mask(view: KVBlockView, row_lengths: torch.Tensor | None = None) -> torch.Tensor | None:
+    """bool ``[R, H, L]`` of the live entries (row lengths and earlier per-head evictions), None = all.
+    ``row_lengths``: int64 ``[R]`` on the device, the view's row lengths (:func:`device_row_lengths`; without it
+    they are copied from the host)."""
     R, H, L, _ = view.keys.shape
     valid = view.head_valid
     if view.row_lengths is not None:
+        if row_lengths is None:
+            row_lengths = torch.tensor(view.row_lengths, device=view.keys.device)
         in_row = (torch.arange(L, device=view.keys.device).view(1, 1, L)
-                  < torch.tensor(view.row_lengths, device=view.keys.device).view(R, 1, 1)).expand(R, H, L)
+                  < row_lengths.view(R, 1, 1)).expand(R, H, L)
         valid = in_row if valid is None else valid & in_row
     return valid
+
+
+def device_row_lengths(cache, block: int, view: KVBlockView) -> torch.Tensor | None:
+    """int64 ``[R]``: ``view.row_lengths`` on the device without a host→device copy where the cache keeps a device
+    copy of them (its packed appends and per-row evictions do, issue 27); None when the rows agree."""
+    if view.row_lengths is None:
+        return None
+    kept = getattr(cache, "_row_lengths_dev", {}).get(block)
+    if kept is not None and kept.numel() == len(view.row_lengths):
+        return kept
+    return torch.tensor(view.row_lengths, device=view.keys.device)
 
 
 def rounded(scores: torch.Tensor, bits: int = 16) -> torch.Tensor:

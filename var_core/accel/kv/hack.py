@@ -35,7 +35,8 @@ from ...errors import UserError
 from ..base import KVPolicy, Needs, NO_NEEDS
 from ..knobs import ComponentConfig, knob
 from ..registry import KV_POLICIES
-from ._budget import dense_length, rounded, top_positions, top_share_mass, valid_mask, row_window_slots
+from ._budget import (dense_length, device_row_lengths, rounded, top_positions, top_share_mass, valid_mask,
+                      row_window_slots)
 
 
 def head_statistics(probe, ctx, window: int, budget: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -58,6 +59,20 @@ def head_statistics(probe, ctx, window: int, budget: float) -> tuple[torch.Tenso
     recency = (probs * recent.view(R, 1, 1, L)).sum(-1).mean(2)
     concentration = top_share_mass(probs, logits, budget).mean(2)
     return recency, concentration, probs.sum(2)
+
+
+def head_capacities(structural: torch.Tensor, length: int, mean: float, share: float) -> torch.Tensor:
+    """int64 ``[R, H]``: each head's kept keys (1 to ``length``) from the classification ``structural [R, H]`` (bool)
+    on its device: per row, a contextual head keeps ``c = H·mean / (n_s·share + H − n_s)``, a structural head
+    ``min(share·c, length)`` and the excess over every key goes to the contextual heads (``n_s`` structural heads
+    of ``H``). Element-wise float64 arithmetic: the host and the device give the same counts."""
+    H = structural.shape[1]
+    n_s = structural.sum(1, keepdim=True).double()  # per row
+    contextual_cap = H * mean / (n_s * share + (H - n_s))  # [R, 1]
+    structural_cap = (contextual_cap * share).clamp(max=length)
+    spread = (H * mean - n_s * structural_cap) / (H - n_s).clamp(min=1)
+    contextual_cap = torch.maximum(contextual_cap, spread)
+    return torch.where(structural, structural_cap, contextual_cap).ceil().long().clamp(1, length)
 
 
 def load_calibration(path: str) -> dict:
@@ -94,6 +109,7 @@ class HACK(KVPolicy):
         self._stats: dict[int, tuple] = {}
         self._online: dict[int, torch.Tensor] = {}  # block -> structural [R, H], fixed at its first compression
         self._table = None
+        self._table_dev = None  # (device, the table on it)
         if self.config.calibration and not self.config.calibrating:
             data = load_calibration(self.config.calibration)
             table = data["structural"]
@@ -123,7 +139,10 @@ class HACK(KVPolicy):
         if self.config.classification == "all_contextual":
             return torch.zeros_like(recency, dtype=torch.bool)
         if self._table is not None:
-            row = self._table[block].to(recency.device)
+            key = str(recency.device)
+            if self._table_dev is None or self._table_dev[0] != key:  # one host->device copy per generation
+                self._table_dev = (key, self._table.to(recency.device))
+            row = self._table_dev[1][block]
             if row.numel() != recency.shape[1]:
                 raise UserError(f"{self.config.calibration}: block {block} has {row.numel()} heads classified, the "
                                 f"model {recency.shape[1]}; recalibrate with `varscope calibrate hack`")
@@ -137,40 +156,37 @@ class HACK(KVPolicy):
         if ctx.is_last or not stats or self.config.calibrating:
             return None
         mean = self.config.budget * dense_length(ctx)
+        share = self.config.structural_share
         blocks = sorted(stats)
-        # every block's head classification in one host read (the budgets are shapes)
-        structural_all = torch.stack([self._structural(b, stats[b][0], stats[b][1]) for b in blocks]).cpu()
-        plans = []  # (block, structural [R, H], caps [R, H], m), on the host
+        structural_dev = torch.stack([self._structural(b, stats[b][0], stats[b][1]) for b in blocks])
+        # every block's head classification in one host read (the budgets are shapes); the device computes its own
+        # copy of the budgets from its classification (the same arithmetic: no host->device copy)
+        structural_all = structural_dev.cpu()
+        plans = []  # (j, block, m)
         for j, block in enumerate(blocks):
             view = cache.view(block)
             if view is None or stats[block][2].shape[-1] != view.length:
                 continue
-            R, H, L, _ = view.keys.shape
-            structural = structural_all[j]  # [R, H], host
-            n_s = structural.sum(1, keepdim=True).double()  # per row
-            share = self.config.structural_share
-            contextual_cap = H * mean / (n_s * share + (H - n_s))  # [R, 1]
-            structural_cap = (contextual_cap * share).clamp(max=L)  # the excess over every key goes to the others
-            spread = (H * mean - n_s * structural_cap) / (H - n_s).clamp(min=1)
-            contextual_cap = torch.maximum(contextual_cap, spread)
-            caps = torch.where(structural, structural_cap, contextual_cap).ceil().long().clamp(1, L)
+            L = view.length
+            caps = head_capacities(structural_all[j], L, mean, share)  # [R, H], host
             if not bool((caps >= L).all()):
-                plans.append((block, structural, caps, int(caps.max())))
+                plans.append((j, block, int(caps.max())))
         if not plans:
             return None
-        device = stats[plans[0][0]][2].device
-        moved = torch.stack([torch.stack((p[1].long(), p[2])) for p in plans]).to(device)  # one host->device copy
         out = {}
-        for (block, _, _, m), on_device in zip(plans, moved):
+        for j, block, m in plans:
             received = stats[block][2]
+            device = received.device
             view = cache.view(block)
             R, H, L, _ = view.keys.shape
-            valid = valid_mask(view)
+            structural = structural_dev[j]
+            counts = head_capacities(structural, L, mean, share)  # [R, H], device
+            valid = valid_mask(view, device_row_lengths(cache, block, view))
             recency_score = torch.arange(L, device=device, dtype=torch.float32).expand(R, H, L)
-            scores = torch.where(on_device[0].bool().unsqueeze(-1), recency_score, rounded(received))
+            scores = torch.where(structural.unsqueeze(-1), recency_score, rounded(received))
             if valid is not None:
                 scores = scores.masked_fill(~valid, float("-inf"))
-            index, kept = top_positions(scores, m, counts=on_device[1])
+            index, kept = top_positions(scores, m, counts=counts)
             out[block] = KVKeep(index, kept)  # the cache drops an all-true mask
         return out
 

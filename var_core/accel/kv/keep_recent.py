@@ -10,7 +10,7 @@ from ...engine.kvcache import KVKeep
 from ..base import KVPolicy
 from ..knobs import ComponentConfig, knob
 from ..registry import KV_POLICIES
-from ._budget import capacity, top_positions, valid_mask
+from ._budget import capacity, device_row_lengths, top_positions, valid_mask
 
 
 @KV_POLICIES.register("keep_recent")
@@ -38,7 +38,7 @@ class KeepRecent(KVPolicy):
             if view is None or view.length <= cap:
                 continue
             R, H, L, _ = view.keys.shape
-            valid = valid_mask(view)
+            valid = valid_mask(view, device_row_lengths(cache, block, view))
             recency = torch.arange(L, device=view.keys.device, dtype=torch.float32).expand(R, H, L)
             if valid is not None:
                 recency = recency.masked_fill(~valid, float("-inf"))

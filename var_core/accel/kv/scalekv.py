@@ -37,7 +37,8 @@ from ...engine.kvcache import KVKeep
 from ..base import KVPolicy, Needs, NO_NEEDS
 from ..knobs import ComponentConfig, knob
 from ..registry import KV_POLICIES
-from ._budget import dense_length, rounded, top_positions, top_share_mass, valid_mask, row_window_slots
+from ._budget import (dense_length, device_row_lengths, rounded, top_positions, top_share_mass, valid_mask,
+                      row_window_slots)
 
 
 @KV_POLICIES.register("scalekv")
@@ -100,18 +101,19 @@ class ScaleKV(KVPolicy):
         self._scores[block] = (pooled, is_window, asi_R)
 
     def _capacities(self, ctx, blocks: list[int], asi_RB: torch.Tensor) -> torch.Tensor:
-        """int64 ``[R, blocks]``: each row's capacity per block (drafters: lowest ASI)."""
+        """int64 ``[R, blocks]``: each row's capacity per block (drafters: lowest ASI), on ``asi_RB``'s device (the
+        same element-wise arithmetic on the host and on the device: the two copies agree)."""
         cfg = self.config
         B = len(blocks)
         mean = cfg.budget * dense_length(ctx)
         if cfg.selection == "uniform" or cfg.drafter_fraction in (0.0, 1.0):
-            return torch.full(asi_RB.shape, max(cfg.window, math.ceil(mean)), dtype=torch.long)
+            return torch.full(asi_RB.shape, max(cfg.window, math.ceil(mean)), dtype=torch.long, device=asi_RB.device)
         D = max(1, round(cfg.drafter_fraction * B))
         c = B * mean / (D + (B - D) * cfg.refiner_share)
         drafter = min(c, dense_length(ctx))  # a drafter cannot keep more than every key: the rest goes to refiners
         refiner = cfg.refiner_share * c if D == B else max(cfg.refiner_share * c, (B * mean - D * drafter) / (B - D))
         rank = rounded(asi_RB).argsort(dim=1, stable=True).argsort(dim=1)  # 0 = lowest ASI
-        caps = torch.where(rank < D, torch.tensor(float(drafter)), torch.tensor(float(refiner)))
+        caps = torch.where(rank < D, float(drafter), float(refiner))  # float32, as the capacities always were
         return caps.ceil().long().clamp(min=cfg.window)
 
     def plan_kv(self, ctx, cache, signals):
@@ -119,10 +121,10 @@ class ScaleKV(KVPolicy):
         if ctx.is_last or not scores:
             return None
         blocks = sorted(scores)
-        asi = torch.stack([scores[b][2].float() for b in blocks], dim=1).cpu()  # [R, blocks]: one host read
-        caps = self._capacities(ctx, blocks, asi)
-        device = scores[blocks[0]][0].device
-        caps_dev = caps.to(device)
+        asi_dev = torch.stack([scores[b][2].float() for b in blocks], dim=1)  # [R, blocks]
+        # the scale's one host read: the host needs the capacities for shapes, the device computes its own copy
+        caps = self._capacities(ctx, blocks, asi_dev.cpu())
+        caps_dev = self._capacities(ctx, blocks, asi_dev)
         out = {}
         for j, block in enumerate(blocks):
             view = cache.view(block)
@@ -134,7 +136,7 @@ class ScaleKV(KVPolicy):
                 continue
             m = int(counts_host.max())
             counts_R = caps_dev[:, j].clamp(max=view.length)
-            valid = valid_mask(view)
+            valid = valid_mask(view, device_row_lengths(cache, block, view))
             s = rounded(pooled)
             if valid is not None:
                 s = s.masked_fill(~valid, float("-inf"))

@@ -28,10 +28,18 @@ def anchor_lines(size: int, stride: int, grid: str = "multiples") -> list[int]:
 
 def anchor_candidates(hw: tuple[int, int], stride: int, grid: str = "multiples", device=None) -> torch.Tensor:
     """int64 ``[A]``: flat positions of the anchors, rows × columns of :func:`anchor_lines` in row-major order
-    (duplicates kept, as the candidate list of the third-party code keeps them)."""
-    rows = torch.tensor(anchor_lines(hw[0], stride, grid), dtype=torch.long, device=device)
-    cols = torch.tensor(anchor_lines(hw[1], stride, grid), dtype=torch.long, device=device)
+    (duplicates kept, as the candidate list of the third-party code keeps them). Built on the device (no host list
+    copied over: issue 27)."""
+    rows = _lines_on(hw[0], stride, grid, device)
+    cols = _lines_on(hw[1], stride, grid, device)
     return (rows.view(-1, 1) * hw[1] + cols.view(1, -1)).flatten()
+
+
+def _lines_on(size: int, stride: int, grid: str, device) -> torch.Tensor:
+    """:func:`anchor_lines` as an int64 tensor made on ``device``: ``j·stride`` for the ``j``-th line, clamped to
+    ``size − 1`` (only the appended last line, the one index past the multiples, reaches the clamp)."""
+    count = len(anchor_lines(size, stride, grid))
+    return (torch.arange(count, dtype=torch.long, device=device) * stride).clamp_(max=size - 1)
 
 
 def anchor_mask(hw: tuple[int, int], stride: int, device=None, grid: str = "multiples") -> torch.Tensor:

@@ -17,13 +17,16 @@ SHARE_GRIDS = ("tokens", "previous")
 def first_positions(source_hw: tuple[int, int], hw: tuple[int, int], device=None) -> torch.Tensor:
     """int64 ``[M]``: for every cell of ``source_hw`` that a ``'nearest'`` resize to ``hw`` reaches, the first flat
     position of ``hw`` holding it (cells in flat order). The mapping is torch's own (``F.interpolate`` of the cell
-    indices), so it is exact for maps resized that way."""
+    indices), so it is exact for maps resized that way. An upsampling (``hw`` at least ``source_hw`` on both axes,
+    every next scale of a VAR) reaches every cell, so no value-dependent selection (a host sync) is needed."""
     hs, ws = source_hw
     cells = torch.arange(hs * ws, dtype=torch.float32, device=device).view(1, 1, hs, ws)
     source_N = F.interpolate(cells, size=tuple(hw), mode="nearest").flatten().long()
     N = source_N.numel()
     first = torch.full((hs * ws,), N, dtype=torch.long, device=device)
     first.scatter_reduce_(0, source_N, torch.arange(N, device=device), reduce="amin")
+    if hw[0] >= hs and hw[1] >= ws:  # 'nearest' maps output row i to floor(i·hs/h): steps of 0 or 1, from 0 to hs-1
+        return first
     return first[first < N]
 
 
