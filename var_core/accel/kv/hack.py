@@ -165,7 +165,7 @@ class HACK(KVPolicy):
         plans = []  # (j, block, m)
         for j, block in enumerate(blocks):
             view = cache.view(block)
-            if view is None or stats[block][2].shape[-1] != view.length:
+            if view is None or stats[block][2].shape[-1] < view.length:  # longer: upper-bound lengths (ScaleKV)
                 continue
             L = view.length
             caps = head_capacities(structural_all[j], L, mean, share)  # [R, H], host
@@ -175,10 +175,10 @@ class HACK(KVPolicy):
             return None
         out = {}
         for j, block, m in plans:
-            received = stats[block][2]
-            device = received.device
             view = cache.view(block)
             R, H, L, _ = view.keys.shape
+            received = stats[block][2][..., :L]
+            device = received.device
             structural = structural_dev[j]
             counts = head_capacities(structural, L, mean, share)  # [R, H], device
             valid = valid_mask(view, device_row_lengths(cache, block, view))

@@ -129,8 +129,11 @@ class ScaleKV(KVPolicy):
         for j, block in enumerate(blocks):
             view = cache.view(block)
             pooled, is_window, _ = scores[block]
-            if view is None or pooled.shape[-1] != view.length:
+            if view is None or pooled.shape[-1] < view.length:
                 continue
+            # kept counts known on the device only (count_sync='bounded') attend over each row's upper-bound length;
+            # the exact lengths read after the scale end earlier, and the slots past them were masked padding
+            pooled, is_window = pooled[..., :view.length], is_window[:, :view.length]
             counts_host = caps[:, j].clamp(max=view.length)
             if bool((counts_host >= view.length).all()):  # host data: no device read
                 continue
