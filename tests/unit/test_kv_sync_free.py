@@ -281,6 +281,38 @@ def test_calibrated_hack_copies_its_table_to_the_device_once(testbed, tmp_path):
     assert sum(kv_sites.values()) <= 9 and all("in plan_kv [cpu]" in s for s in kv_sites), sites
 
 
+@pytest.mark.parametrize("batch", [1, 8])
+def test_calibrated_hack_reads_masked_pairs_lengths_and_bytes_once_per_scale(testbed, tmp_path, batch):
+    """HACK with a calibration file masks heads to budgets of different sizes: the kept query-key pairs, key
+    lengths and kept bytes of every masked block were read per block (146 per generation); they are now read in
+    one transfer per scale (27: the budgets, the eviction checks and that one), and the record holds plain ints
+    with the values the per-block reads gave (measured at e51722e: at the last scale 299 kept keys per row and head,
+    so 2B CFG rows × 256 queries × 299 pairs per block)."""
+    import json
+
+    from var_core.accel.policy import PolicyConfig, build_policy, component_config
+    from var_core.engine.loop import GenerationOptions, generate
+    from var_core.engine.sampling import SamplingConfig
+
+    H = testbed.cfg.num_heads
+    path = tmp_path / "hack.json"
+    path.write_text(json.dumps({"method": "hack", "structural": [[h == 0 for h in range(H)]] * testbed.num_blocks}))
+
+    def policy():
+        return build_policy(PolicyConfig(name="hack", kv=component_config("kv", "hack", calibration=str(path))))
+    result = count_generation(testbed, None, batch, policy=policy())
+    assert result.total <= 3 * testbed.num_scales, result.counter.by_site().most_common(5)
+    assert not any(" in _after_append" in s or " in nbytes" in s for s in result.counter.by_site())
+    with torch.inference_mode():
+        run = generate(testbed, torch.arange(batch), list(range(1000, 1000 + batch)), SamplingConfig(),
+                       policy=policy(), options=GenerationOptions(decode=False))
+    last = run.records[-1]
+    assert all(type(v) is int for v in (*last.attention_pairs, *last.attention_lengths, last.kv_bytes_peak,
+                                           last.kv_bytes))
+    assert last.attention_lengths == (299,) * testbed.num_blocks
+    assert last.attention_pairs == (2 * batch * 256 * 299,) * testbed.num_blocks
+
+
 def test_sparsevar_lvar_reads_no_static_geometry(testbed):
     for batch in (1, 8):
         sites = count_generation(testbed, "sparsevar_lvar", batch).counter.by_site()

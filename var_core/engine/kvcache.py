@@ -224,8 +224,9 @@ class KVCache:
         keys_RH = valid_RHL.sum(2)  # kept keys per row and head
         queries_R = (torch.full((R,), kv.current_Rn.shape[1], device=keys_RH.device) if valid_Rn is None
                      else valid_Rn.sum(1))
-        self._kept_pairs[block] = int(round(float((queries_R.double() * keys_RH.double().mean(1)).sum())))
-        self.attention_lengths[block] = int(round(float(keys_RH.double().mean())))
+        # on the device (0-d, rounded half to even as round() does); apply_kv_policy reads them once per scale
+        self._kept_pairs[block] = (queries_R.double() * keys_RH.double().mean(1)).sum().round().long()
+        self.attention_lengths[block] = keys_RH.double().mean().round().long()
         return CachedKV(kv.keys, kv.values, _bias(valid_RHL, kv.keys.dtype, per_head=True), None, kv.current_Rn,
                         kv.current_valid_Rn, packed=False, on_pairs=kv.on_pairs)
 
@@ -341,7 +342,8 @@ class KVCache:
 
     def _pairs_recorder(self, block: int):
         def record(pairs: int) -> None:
-            self.attention_pairs[block] = int(self._kept_pairs.pop(block, pairs))
+            kept = self._kept_pairs.pop(block, pairs)  # a per-head masked block's: a 0-d device tensor, read later
+            self.attention_pairs[block] = kept if isinstance(kept, torch.Tensor) else int(kept)
         return record
 
     def take_attention_pairs(self, block: int) -> int | None:
@@ -498,11 +500,12 @@ class KVCache:
                 out.append(k.untyped_storage().nbytes() // (k.element_size() * k.shape[1] * k.shape[3]))
         return tuple(out)
 
-    def nbytes(self, kept: bool = True) -> int:
+    def nbytes(self, kept: bool = True, lazy: bool = False) -> int | torch.Tensor:
         """Bytes of the cached keys and values (not the pre-allocated slack), from the buffers' shapes and element
         sizes: ``kept=True`` counts valid entries only (each row's own length, per-head masks of an eviction, the
         padded layout's padding excluded); ``kept=False`` the entries the buffers hold for them (padding included:
-        what a padded store occupies)."""
+        what a padded store occupies). ``lazy``: where per-head masks are counted, a 0-d device tensor instead of
+        reading it (the caller reads it with others)."""
         total, masked = 0, []
         for block, (k, n) in enumerate(zip(self.keys, self.lengths)):
             if k is None:
@@ -521,7 +524,10 @@ class KVCache:
                 masked.append(entries.sum() * per_entry)
             else:
                 total += per_entry * heads * sum(self.row_lengths[block] or [n] * rows)
-        return total + (int(torch.stack(masked).sum()) if masked else 0)  # one host read for the masked blocks
+        if not masked:
+            return total
+        counted = torch.stack(masked).sum() + total
+        return counted if lazy else int(counted)  # one host read for the masked blocks
 
 
 def apply_kv_policy(policy, ctx, cache: KVCache, record):
@@ -533,7 +539,7 @@ def apply_kv_policy(policy, ctx, cache: KVCache, record):
     scale (``kv_slots``), and the kept key lengths the attention read (``attention_lengths``, evicted blocks only).
     """
     cache.resolve_lengths()  # blocks appended with device-only counts: their exact lengths, one read
-    peak = cache.nbytes()
+    peak = cache.nbytes(lazy=True)
     allocated_peak, slots = cache.allocated_nbytes(), cache.slots()
     decisions = policy.plan_kv(ctx, cache)
     deferred: list = []
@@ -541,10 +547,22 @@ def apply_kv_policy(policy, ctx, cache: KVCache, record):
         if keep is not None:
             cache.evict(block, keep, deferred)
     cache.settle(deferred)
-    return dataclasses.replace(record, kv_bytes_peak=peak, kv_bytes=cache.nbytes(),
+    pairs, lengths, (peak, kept) = _host_numbers(record.attention_pairs, cache.take_attention_lengths(),
+                                                 (peak, cache.nbytes(lazy=True)))
+    return dataclasses.replace(record, kv_bytes_peak=peak, kv_bytes=kept,
                                kv_bytes_stored=cache.nbytes(kept=False), kv_bytes_allocated_peak=allocated_peak,
                                kv_bytes_allocated=cache.allocated_nbytes(), kv_slots=slots,
-                               attention_lengths=cache.take_attention_lengths())
+                               attention_pairs=pairs, attention_lengths=lengths)
+
+
+def _host_numbers(*groups: tuple) -> list[tuple]:
+    """The groups with every 0-d device tensor (per-head masked blocks' kept pairs, key lengths and kept bytes,
+    computed on the device during the scale) replaced by its integer, all read in one transfer."""
+    lazy = [v for group in groups for v in group if isinstance(v, torch.Tensor)]
+    if not lazy:
+        return list(groups)
+    values = iter(torch.stack([v.reshape(()).long() for v in lazy]).tolist())
+    return [tuple(next(values) if isinstance(v, torch.Tensor) else v for v in group) for group in groups]
 
 
 def _bias(valid_RL: torch.Tensor, dtype: torch.dtype, per_head: bool = False) -> torch.Tensor:
