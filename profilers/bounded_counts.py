@@ -2,12 +2,11 @@
 
 NOVA's layer linkage (arXiv 2602.01345 §2.3, RECONSTRUCTED in specs/methods.md) sets block l's kept count from the
 logit lens after block l − 1, so an exact-shape run reads every pruned block's count on the host
-(``count_sync='per_block'``: one GPU stall per pruned block at batch 1). ``count_sync='bounded'`` (the ``nova``
-preset's default) runs the schedule's host-known upper bound of tokens and masks the slots past each row's count on
-the device. For each preset and batch size this prints, measured in one run on the same model: host
+(``count_sync='per_block'``: one GPU stall per pruned block). ``count_sync='bounded'`` (the ``nova`` preset's
+setting) runs each row's host-known upper bound of tokens and masks the slots past its count on the device. For each preset and batch size this prints, measured in one run on the same model: host
 synchronisations per generation (``profilers.host_syncs``' counter), the kept tokens per pruned block (valid slots)
 and the width that ran (the bound), FLOPs as executed relative to the dense baseline, wall time per generation
-(interleaved rounds, the median) and whether both modes sampled the same tokens.
+(interleaved rounds, the median) and whether both modes sampled the same tokens. NOVA's preset runs ``bounded``.
 """
 
 from __future__ import annotations
@@ -41,18 +40,22 @@ def _generate(adapter, config, batch_size: int, seed: int = 1000, counter=None):
 
 
 def _widths(records) -> tuple[float, float]:
-    """(mean valid tokens per pruned block and row, mean width that ran) over the blocks that ran a selection."""
-    valid, width = [], []
+    """(valid tokens, tokens the per-token work ran on) per pruned block and network row, averaged over the blocks
+    that ran a selection: a packed block runs each row's own count or bound (``packed_tokens`` / rows), an unpacked
+    one the rectangle's width."""
+    valid, ran = [], []
     for record in records:
         for block, counts in enumerate(record.kept_tokens):
             marks = record.valid_tokens_R[block] if record.valid_tokens_R else (None,) * len(counts)
-            for n, v in zip(counts, marks):
-                if n < record.hw[0] * record.hw[1]:
-                    width.append(float(n))
+            packed = record.packed_tokens[block] if record.packed_tokens else (None,) * len(counts)
+            for n, v, total in zip(counts, marks, packed):
+                if n < record.hw[0] * record.hw[1] or v is not None:
+                    rows = 1 if v is None else v.numel()
+                    ran.append(float(n) if total is None else total / rows)
                     valid.append(float(n) if v is None else float(v.double().mean()))
-    if not width:
+    if not ran:
         return float("nan"), float("nan")
-    return statistics.fmean(valid), statistics.fmean(width)
+    return statistics.fmean(valid), statistics.fmean(ran)
 
 
 def measure(adapter, preset: str, batch_size: int, rounds: int) -> list[dict]:
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     adapter = load_model(args.model)
     print(f"# count_sync per_block vs bounded: model={args.model} scales={adapter.num_scales} "
           f"device={adapter.device} torch={torch.__version__} rounds={args.rounds} (profilers.bounded_counts)")
-    print(f"{'preset':<10} {'batch':>5} {'mode':<10} {'syncs':>6} {'/scale':>7} {'kept/blk':>9} {'ran/blk':>8} "
+    print(f"{'preset':<10} {'batch':>5} {'mode':<10} {'syncs':>6} {'/scale':>7} {'kept/row':>9} {'ran/row':>8} "
           f"{'FLOPs ratio':>11} {'s/gen':>8} same tokens")
     for preset in args.presets:
         for batch in args.batch:

@@ -34,15 +34,16 @@ def test_linkage_keep_bound_by_hand():
     ctx = SimpleNamespace(num_tokens=256, scale_index=7, batch_size=2)
     started = SimpleNamespace(activation_scale_B=torch.tensor([6, 5]))
     centre = torch.tensor([0.6, 0.2], dtype=torch.float64)
-    # removed fraction at its smallest: sigmoid(0.5) and sigmoid(0.1); kept ceil((1 - r) N), the larger, plus one
-    by_hand = max(math.ceil((1 - _sigmoid(0.5)) * 256), math.ceil((1 - _sigmoid(0.1)) * 256)) + 1
-    assert by_hand == 123
+    # removed fraction at its smallest: sigmoid(0.5) and sigmoid(0.1); kept ceil((1 - r) N), plus one
+    by_hand = (math.ceil((1 - _sigmoid(0.5)) * 256) + 1, math.ceil((1 - _sigmoid(0.1)) * 256) + 1)
+    assert by_hand == (98, 123)
     assert linkage_keep_bound(ctx, started, centre, 0.1, "removed") == by_hand
+    assert linkage_keep_bound(ctx, started, centre, 0.1, "removed", rows=4) == by_hand * 2  # row r: sample r mod B
     # r read as the kept fraction: its largest, sigmoid(0.7) for the first sample
-    assert linkage_keep_bound(ctx, started, centre[:1].expand(2), 0.1, "kept") == math.ceil(_sigmoid(0.7) * 256) + 1
-    # a sample that has not started runs dense: the bound is every token
+    assert linkage_keep_bound(ctx, started, centre, 0.1, "kept")[0] == math.ceil(_sigmoid(0.7) * 256) + 1
+    # a sample that has not started runs dense: its rows' bound is every token
     not_started = SimpleNamespace(activation_scale_B=torch.tensor([6, 9]))
-    assert linkage_keep_bound(ctx, not_started, centre, 0.1, "removed") == 256
+    assert linkage_keep_bound(ctx, not_started, centre, 0.1, "removed") == (98, 256)
 
 
 @pytest.fixture(scope="module")
@@ -63,38 +64,50 @@ def _nova(mode: str):
     return dataclasses.replace(get_preset("nova"), count_sync=mode)
 
 
-def test_bounded_keeps_the_tokens_per_block_reading_keeps(testbed):
-    exact = _run(testbed, _nova("per_block"))
-    bounded = _run(testbed, _nova("bounded"))
-    padded_blocks = 0
-    pruned_blocks = 0
+def _row_counts(record, block):
+    """Per network row: the tokens block ``block`` kept (its valid slots where the selection was ragged)."""
+    valid = record.valid_tokens_R[block][0] if record.valid_tokens_R else None
+    width = record.kept_tokens[block][0]
+    return [width] * record.tokens_BN.shape[0] * 2 if valid is None else valid.tolist()
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_bounded_keeps_the_tokens_per_block_reading_keeps(testbed, batch):
+    """Every pruned block keeps, row by row, the count reading it keeps; the same tokens and images. At batch 8
+    samples start at different scales, so rows have different bounds and the packed path runs (rows of samples
+    not started yet are bounded by N)."""
+    exact = _run(testbed, _nova("per_block"), batch_size=batch)
+    bounded = _run(testbed, _nova("bounded"), batch_size=batch)
+    padded_blocks = pruned_blocks = 0
     for a, b in zip(exact.records, bounded.records):
         if a.tokens_BN is None:
             continue
         assert torch.equal(a.tokens_BN, b.tokens_BN), a.scale_index
         N = a.hw[0] * a.hw[1]
-        for block, (kept, width) in enumerate(zip(a.kept_tokens, b.kept_tokens)):
-            if kept[0] == N:
-                assert width[0] == N
+        for block in range(len(a.kept_tokens)):
+            kept, width = _row_counts(a, block), b.kept_tokens[block][0]
+            if max(kept) == N and min(kept) == N:
                 continue
             pruned_blocks += 1
-            valid = b.valid_tokens_R[block][0]
-            assert valid is not None and valid.tolist() == [kept[0]] * valid.numel(), (a.scale_index, block)
-            assert width[0] >= kept[0]
-            padded_blocks += width[0] > kept[0]
+            assert _row_counts(b, block) == kept, (a.scale_index, block)
+            assert width >= max(kept)
+            packed = b.packed_tokens[block][0] if b.packed_tokens else None
+            ran = width * len(kept) if packed is None else packed  # tokens the block's per-token work ran on
+            padded_blocks += ran > sum(kept)
     assert pruned_blocks >= 8 and padded_blocks == pruned_blocks  # the bounded path ran, with padding
     assert torch.equal(exact.images, bounded.images)
+    if batch > 1:
+        assert any(r.packed_tokens for r in bounded.records if r.valid_tokens_R), "no packed bounded block"
 
 
-def test_auto_is_bounded_at_batch_one_only(testbed):
+def test_bounded_reads_at_most_three_per_scale_at_batch_1_and_8(testbed):
     from profilers.host_syncs import count_generation
 
-    syncs = {mode: count_generation(testbed, batch_size=1, policy=build_policy(_nova(mode))).total
-             for mode in ("per_block", "bounded", "auto")}
-    assert syncs["auto"] == syncs["bounded"] <= 3 * testbed.num_scales < syncs["per_block"]
-    batch8 = {mode: count_generation(testbed, batch_size=8, policy=build_policy(_nova(mode))).total
-              for mode in ("per_block", "auto")}
-    assert batch8["auto"] == batch8["per_block"]
+    for batch in (1, 8):
+        bounded = count_generation(testbed, batch_size=batch, policy=build_policy(_nova("bounded"))).total
+        per_block = count_generation(testbed, batch_size=batch, policy=build_policy(_nova("per_block"))).total
+        assert bounded <= 3 * testbed.num_scales < per_block, (batch, bounded, per_block)
+    assert get_preset("nova").count_sync == "bounded"
 
 
 def test_a_bound_below_the_count_is_caught(testbed, monkeypatch):
@@ -159,27 +172,24 @@ def test_scorers_that_read_the_block_input_never_share_a_selection():
 
 @pytest.mark.parametrize("model_name", ["testbed", "random:infinity-tiny"])
 def test_nova_sample_alone_equals_sample_in_batch(model_name):
-    """``auto``: alone (batch 1) the counts stay on the device, in a batch of 3 they are read and rows packed; the
-    middle sample draws the same tokens both ways (and, on the testbed, with the bounded mode forced in the batch)."""
+    """Bounded counts alone (batch 1: a padded rectangle) and in a batch of 3 (rows of different bounds, packed):
+    the middle sample draws the same tokens, and the same as reading every count in the batch."""
     from var_core.zoo import load_model
 
     model = load_model(model_name) if model_name == "testbed" else load_model(model_name, num_scales=10)
     if model_name == "testbed":
         conditions, seeds = torch.arange(3) % model.cfg.num_classes, [1000, 1001, 1002]
-        one = conditions[1:2]
     else:
         conditions, seeds = ["a red cat on a sofa", "two dogs", "a lighthouse at dusk, oil painting"], [11, 12, 13]
-        one = conditions[1:2]
     sampling = SamplingConfig() if model_name == "testbed" else SamplingConfig(cfg=3.0, top_k=900, top_p=0.97)
 
     def run(conds, sds, mode):
         with torch.inference_mode():
             return generate(model, conds, seeds=sds, sampling=sampling, policy=build_policy(_nova(mode)),
                             options=GenerationOptions(decode=False))
-    batch = run(conditions, seeds, "auto")
-    alone = run(one, seeds[1:2], "auto")
+    batch = run(conditions, seeds, "bounded")
+    alone = run(conditions[1:2], seeds[1:2], "bounded")
     assert any(r.valid_tokens_R for r in alone.records), "the bounded path did not run alone"
     assert all(torch.equal(a[0], b[1]) for a, b in zip(alone.tokens, batch.tokens))
-    if model_name == "testbed":
-        forced = run(conditions, seeds, "bounded")
-        assert all(torch.equal(a, b) for a, b in zip(forced.tokens, batch.tokens))
+    read = run(conditions, seeds, "per_block")
+    assert all(torch.equal(a, b) for a, b in zip(read.tokens, batch.tokens))

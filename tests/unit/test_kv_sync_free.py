@@ -319,25 +319,30 @@ def test_sparsevar_lvar_reads_no_static_geometry(testbed):
         assert not [s for s in sites if "anchors.py" in s or "score_threshold.py" in s], sites
 
 
+@pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("kv", ["scalekv", "hack"])
-def test_kv_policies_evict_every_block_after_device_only_counts(testbed, kv, monkeypatch):
-    """NOVA at batch 1 keeps its per-block counts on the device (count_sync='auto' -> bounded): the cache holds each
-    row's upper-bound length during the scale and the exact one after it, so the policy's scores are longer than
-    the block's view. Every block must still be evicted, with the positions and tokens of exact shapes
-    (count_sync='per_block'); before, such blocks were silently skipped (24 of 48 ScaleKV evictions)."""
+def test_kv_policies_evict_every_block_after_device_only_counts(testbed, kv, batch, monkeypatch):
+    """NOVA keeps its per-block counts on the device (count_sync='bounded'): the cache holds each row's upper-bound
+    length during the scale and the exact one after it, so the policy's scores are longer than the block's view.
+    Every block must still be evicted, with the positions and tokens of exact shapes (count_sync='per_block');
+    before, such blocks were silently skipped (24 of 48 ScaleKV evictions at batch 1). At batch 8 rows have
+    different bounds and lengths; there HACK's per-head masks meet the upper lengths, the masked attention runs on
+    a longer rectangle and rounds differently (1e-5 in the logits), which can flip a later NOVA selection: the
+    evictions must still match position for position, the tokens bit for bit only at batch 1."""
     import dataclasses
 
     from var_core.accel.policy import build_policy
     from var_core.accel.presets import get_preset
 
     config = get_preset("nova").replace_component("kv", kv)
-    assert config.count_sync == "auto"
-    bounded, bounded_keeps, _ = _generate_recording(testbed, build_policy(config), 1, monkeypatch)
+    assert config.count_sync == "bounded"
+    bounded, bounded_keeps, _ = _generate_recording(testbed, build_policy(config), batch, monkeypatch)
     exact, exact_keeps, _ = _generate_recording(
-        testbed, build_policy(dataclasses.replace(config, count_sync="per_block")), 1, monkeypatch)
+        testbed, build_policy(dataclasses.replace(config, count_sync="per_block")), batch, monkeypatch)
     assert len(bounded_keeps) == len(exact_keeps) == {"scalekv": 48, "hack": 64}[kv]  # 8 blocks x compressed scales
     for (b1, i1, v1), (b2, i2, v2) in zip(bounded_keeps, exact_keeps):
         assert b1 == b2 and torch.equal(i1, i2) and (v1 is None) == (v2 is None)
         assert v1 is None or torch.equal(v1, v2)
-    for t1, t2 in zip(bounded.tokens, exact.tokens):
-        assert torch.equal(t1, t2)
+    if batch == 1:
+        for t1, t2 in zip(bounded.tokens, exact.tokens):
+            assert torch.equal(t1, t2)

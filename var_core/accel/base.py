@@ -213,10 +213,11 @@ class Schedule(Component):
         """Whether :meth:`keep_counts` depends on the scores alone (not on the block or branch). Default False."""
         return False
 
-    def count_bound(self, ctx: ScaleContext, block: int, rows: int, signals: Signals) -> int | None:
-        """A host-known upper bound of :meth:`keep_counts` at this block, known without reading anything the
-        scale computed (``count_sync='bounded'`` runs that many tokens and masks the rest), or None (no bound: the
-        policy reads the counts). Default None."""
+    def count_bound(self, ctx: ScaleContext, block: int, rows: int, signals: Signals
+                    ) -> int | tuple[int, ...] | None:
+        """A host-known upper bound of :meth:`keep_counts` at this block — one for every row, or one per row —
+        known without reading anything the scale computed (``count_sync='bounded'`` runs that many tokens per row
+        and masks the rest), or None (no bound: the policy reads the counts). Default None."""
         return None
 
 

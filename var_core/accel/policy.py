@@ -90,13 +90,11 @@ class PolicyConfig:
     count_sync: str = _unhashed_default(
         "per_block", "how a data-dependent kept count becomes a shape: 'per_block' reads each pruned block's count "
         "on the host (exact shapes; one host synchronisation per pruned block where the count depends on the block's "
-        "input, e.g. NOVA's logit-lens layer linkage); 'bounded' keeps the counts on the device and runs the "
-        "schedule's host-known upper bound of tokens, the slots past each row's count masked out of attention and "
-        "the KV cache (no read inside the scale; the padding slots run and are counted as FLOPs); 'auto' = "
-        "'bounded' at batch 1 (where a stall costs the most and rows cannot be ragged) and 'per_block' above it "
-        "(where packing runs each row's own tokens and a stall is shared by the batch). The kept tokens and their "
-        "math are the same; outputs agree to float rounding. Schedules without a bound run 'per_block'",
-        choices=("per_block", "bounded", "auto"))
+        "input, e.g. NOVA's logit-lens layer linkage); 'bounded' keeps the counts on the device and runs each row's "
+        "host-known upper bound from the schedule (count_bound), the slots past each row's count masked out of "
+        "attention and the KV cache (no read inside the scale; the padding runs and is counted as FLOPs). The kept "
+        "tokens and their math are the same; outputs agree to float rounding. Schedules without a bound run "
+        "'per_block'", choices=("per_block", "bounded"))
 
     # the second-model seam (engine.switch): CoDe's drafter -> refiner hand-over
     refiner: str = _unhashed_default("", "zoo entry of a second model that takes the generation over at "
@@ -360,10 +358,7 @@ class AccelPolicy(Policy):
             counts = self.schedule.keep_counts(ctx, block, branch, scores, self.signals)
         if counts is None:
             return None
-        mode = self.config.count_sync
-        if mode == "auto":
-            mode = "bounded" if ctx.batch_size == 1 else "per_block"
-        if mode == "bounded" and host_copy(counts) is None:  # host copies are read for free
+        if self.config.count_sync == "bounded" and host_copy(counts) is None:  # host copies are read for free
             bound = self.schedule.count_bound(ctx, block, rows, self.signals)
             if bound is not None:
                 return self._select_bounded(ctx, scores, counts, floor, rows, bound)
@@ -384,26 +379,37 @@ class AccelPolicy(Policy):
         return top_tokens(scores, counts, n_max, uniform=False, host_counts_R=counts_host)
 
     def _select_bounded(self, ctx: ScaleContext, scores: torch.Tensor, counts: torch.Tensor, floor: int, rows: int,
-                        bound: int):
-        """``count_sync='bounded'``: the ``n = clamp(bound, floor, N)`` highest-ranked tokens of each row, of which
-        each row's first ``counts[r]`` (on the device, never read here) are valid — the same kept set as reading the
-        counts, padded to a width the host knows. Rows of inactive samples keep ``N`` (all valid only if ``n = N``:
-        a row that must stay dense makes the block dense). A count above the bound is clamped and flagged; the
-        flag is read once, after the generation (:meth:`end`)."""
+                        bound):
+        """``count_sync='bounded'``: each row's ``counts[r]`` (on the device, never read here) highest-ranked tokens,
+        in a selection as wide as the largest row bound — the same kept set as reading the counts, sized by what
+        the host knows. ``bound``: the schedule's bound for every row, or one per row; a row of an inactive sample
+        keeps (and is bounded by) ``N``; every bound is at least the policy's floor. Packing then runs each row's
+        bound (``engine.packing.RowPacking``). A count above its bound is clamped and flagged; the flag is read
+        once, after the generation (:meth:`end`)."""
         N = ctx.num_tokens
+        per_row = (int(bound),) * rows if isinstance(bound, int) else tuple(int(b) for b in bound)
+        active_host = self._active_rows("cpu", rows).tolist()  # host data
+        bounds_R = tuple(min(max(b, floor), N) if a else N for b, a in zip(per_row, active_host))
+        n = max(bounds_R)
+        bounds_dev = self._bounds_on(counts.device, bounds_R)
         active = self._active_rows(counts.device, rows)
-        if not bool(self._active_B.all()) and floor < N:  # host data: some sample not active, its rows run dense
-            n = N
-        else:
-            n = min(max(int(bound), floor), N)
         counts = torch.where(active, counts.clamp(min=floor, max=N), torch.full_like(counts, N))
-        over = (counts > n).any()
+        over = (counts > bounds_dev).any()
         self._bound_overflow = over if self._bound_overflow is None else self._bound_overflow | over
-        counts = counts.clamp(max=n)
+        counts = torch.minimum(counts, bounds_dev)
         selection = top_tokens(scores, counts, n, uniform=False)
         if isinstance(selection, TokenSelection) and selection.valid_Rn is not None:
-            mark_device_counts(selection.valid_Rn)
+            mark_device_counts(selection.valid_Rn, bounds_R, bounds_dev)
         return selection
+
+    def _bounds_on(self, device, bounds_R: tuple[int, ...]) -> torch.Tensor:
+        """The per-row bounds on ``device``, copied there once per scale (every block of a scale has the same)."""
+        key = ("bounds", str(device), bounds_R)
+        if key not in self._active_rows_memo:  # reset with the scale's activation mask
+            self._active_rows_memo[key] = (
+                torch.full((len(bounds_R),), bounds_R[0], dtype=torch.long, device=device)
+                if len(set(bounds_R)) == 1 else torch.tensor(bounds_R, dtype=torch.long).to(device))
+        return self._active_rows_memo[key]
 
     def _forced_count(self, forced: torch.Tensor | None) -> int:
         """Tokens the restorer forces to be kept, read once per mask (restorers hand out one cached mask per

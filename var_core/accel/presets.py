@@ -222,11 +222,11 @@ def nova() -> PolicyConfig:
     without saying how a batch decides: ``activation.scope``). On a codebook VAR the per-token entropy falls with
     scale and the signed test rarely fires: ``--set activation.growth_test=magnitude`` detects the flattening.
 
-    Execution, not method: ``count_sync='auto'`` — at batch 1 the per-block counts stay on the device and each
-    pruned block runs the bound ``ceil((1 − sigmoid(logit(r_t) − λ_l))·N) + 1`` of tokens with the slots past the
-    count masked (no host read inside a scale: 1.1 syncs per scale instead of 3.4 on the testbed; the same tokens;
-    the padding runs, +5 % FLOPs there); above batch 1 each block's count is read (``per_block``, rows packed).
-    ``--set count_sync=per_block`` gives exact shapes at batch 1 too (``python -m profilers.bounded_counts``).
+    Execution, not method: ``count_sync='bounded'`` — the per-block counts stay on the device and each row of a
+    pruned block runs its bound ``ceil((1 − sigmoid(logit(r_t) − λ_l))·N) + 1`` of tokens (rows packed), the slots
+    past the count masked (no host read inside a scale: 1.1 / 2.7 syncs per scale at batch 1 / 8 on the testbed
+    instead of 3.4 / 4.6; the same tokens; the padding runs, +0.02 of the dense FLOPs). ``--set
+    count_sync=per_block`` reads each block's count for exact shapes (``python -m profilers.bounded_counts``).
     """
     return PolicyConfig(
         name="nova",
@@ -236,7 +236,7 @@ def nova() -> PolicyConfig:
         restorer=_c("restorer", "residual_reuse"),
         cfg_rows="shared",
         granularity="block",
-        count_sync="auto",
+        count_sync="bounded",
     )
 
 

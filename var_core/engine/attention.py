@@ -44,7 +44,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from .packing import host_counts
+from .packing import count_bounds, host_counts
 
 RAGGED_ATTENTION = ("varlen", "padded")
 ENTROPY_METHODS = ("auto", "fused", "chunked", "materialised")
@@ -69,6 +69,9 @@ class CachedKV:
     current_valid_Rn: torch.Tensor | None
     packed: bool
     on_pairs: Callable[[int], None] | None = None  # the cache's record of the query-key pairs computed
+    # False: ``lengths`` are host upper bounds (counts kept on the device) and ``bias`` masks each row's tail; the
+    # varlen row groups then take the mask too
+    exact_lengths: bool = True
 
     def __iter__(self) -> Iterator[torch.Tensor | None]:
         return iter((self.keys, self.values, self.bias))
@@ -150,7 +153,7 @@ def _prefix_counts(valid_Rn: torch.Tensor) -> list[int] | None:
     """Valid query count per row when every row's valid slots form a prefix (padding at the end), else None.
     A selection's host-known counts (``engine.policy.host_counts``: prefixes by construction) are taken as they
     are: no read of the mask."""
-    known = host_counts(valid_Rn)
+    known = count_bounds(valid_Rn) or host_counts(valid_Rn)  # counts on the device: the queries their bounds run
     if known is not None:
         return list(known)
     counts = valid_Rn.sum(1)
@@ -202,8 +205,9 @@ class CachedAttention:
             out = q_RHnd.new_zeros(R, H, n, kv.values.shape[-1])
             self.pairs = 0
             for rows, n_g, L_g in row_groups(counts, lengths):
-                out[rows, :, :n_g] = sdpa(
-                    q_RHnd[rows, :, :n_g], kv.keys[rows, :, :L_g], kv.values[rows, :, :L_g], scale=scale)
+                mask = None if kv.exact_lengths or kv.bias is None else kv.bias[rows, :, :, :L_g]
+                out[rows, :, :n_g] = sdpa(q_RHnd[rows, :, :n_g], kv.keys[rows, :, :L_g], kv.values[rows, :, :L_g],
+                                          attn_mask=mask, scale=scale)
                 self.pairs += len(range(R)[rows]) * n_g * L_g
         if kv.on_pairs is not None:
             kv.on_pairs(self.pairs)

@@ -46,7 +46,7 @@ from typing import NamedTuple
 import torch
 
 from .attention import CachedKV
-from .packing import device_counts, host_counts
+from .packing import count_bounds, device_counts, host_counts
 
 KV_LAYOUTS = ("packed", "padded")
 #: re-allocate a block's buffers after an eviction when the capacity it still needs is at most this share of the
@@ -234,15 +234,16 @@ class KVCache:
                               valid_Rn: torch.Tensor) -> CachedKV:
         """Packed layout, counts known on the device only (:func:`~var_core.engine.packing.mark_device_counts`):
         the same one scatter as :meth:`_append_packed` (each row's valid slots first, from its device length), but
-        the host takes every row's length as ``before + n`` (an upper bound) and attention masks the slots beyond
-        each row's device length. :meth:`resolve_lengths` reads the true lengths once after the scale, so later
-        scales see exact lengths (and, rows agreeing, no mask)."""
+        the host takes row ``r``'s length as ``before_r + bound_r`` (an upper bound) and attention masks the slots
+        past each row's device length (the mask rides on the result, also into the varlen row groups).
+        :meth:`resolve_lengths` reads the true lengths once after the scale, so later scales see exact lengths (and,
+        rows agreeing, no mask)."""
         R, H, n, _ = k_RHnd.shape
         device = k_RHnd.device
         before = self.row_lengths[block] or [self.lengths[block]] * R
-        end = max(before) + n
-        if end > self.keys[block].shape[2]:
-            raise RuntimeError(f"KV cache overflow in block {block}: {end} > {self.keys[block].shape[2]} tokens")
+        if max(before) + n > self.keys[block].shape[2]:
+            raise RuntimeError(f"KV cache overflow in block {block}: {max(before) + n} > "
+                               f"{self.keys[block].shape[2]} tokens")
         start_R = self._row_lengths_dev.get(block)
         if start_R is None:
             start_R = (torch.full((R,), before[0], dtype=torch.long, device=device) if len(set(before)) == 1
@@ -256,19 +257,21 @@ class KVCache:
         self.keys[block].scatter_(2, position_Rn.view(R, 1, n, 1).expand(R, H, n, k_RHnd.shape[-1]), k_RHnd)
         self.values[block].scatter_(2, position_Rn.view(R, 1, n, 1).expand(R, H, n, v_RHnd.shape[-1]), v_RHnd)
         after_R1 = start_R1 + count_R1
-        low = min(before)
-        # slots past a row's length up to the longest possible end: masked, but never uninitialised memory
+        upper = [b + c for b, c in zip(before, count_bounds(valid_Rn) or (n,) * R)]
+        low, end = min(before), max(upper)
+        # slots past a row's length up to the longest upper length: masked, but never uninitialised memory
         stale = (torch.arange(low, end, device=device).view(1, end - low) >= after_R1).view(R, 1, end - low, 1)
         self.keys[block][:, :, low:end].masked_fill_(stale, 0)
         self.values[block][:, :, low:end].masked_fill_(stale, 0)
         self.lengths[block] = end
-        self.row_lengths[block] = [b + n for b in before]  # upper bounds until resolve_lengths
+        self.row_lengths[block] = upper  # upper bounds until resolve_lengths
         self._row_lengths_dev[block] = after_R1.view(R)
         self._pending_lengths.add(block)
         in_row = torch.arange(end, device=device).view(1, end) < after_R1
         current = torch.where(valid_Rn, start_R1 + rank_valid, start_R1.clamp(max=end - 1).expand(R, n))
         return CachedKV(self.keys[block][:, :, :end], self.values[block][:, :, :end], _bias(in_row, k_RHnd.dtype),
-                        None, current, valid_Rn, packed=False, on_pairs=self._pairs_recorder(block))
+                        None if len(set(upper)) == 1 else tuple(upper), current, valid_Rn, packed=True,
+                        on_pairs=self._pairs_recorder(block), exact_lengths=False)
 
     def resolve_lengths(self) -> None:
         """Read back, in one transfer, the row lengths of every block appended with device-only counts since the

@@ -44,19 +44,39 @@ def host_copy(t: torch.Tensor) -> torch.Tensor | None:
 _DEVICE_COUNTS = "_varscope_device_counts"
 
 
-def mark_device_counts(valid_Rn: torch.Tensor) -> torch.Tensor:
+def mark_device_counts(valid_Rn: torch.Tensor, bounds_R: Sequence[int] | None = None,
+                       bounds_dev: torch.Tensor | None = None) -> torch.Tensor:
     """Mark a selection's mask as one whose per-row counts stay on the device (``count_sync='bounded'`` of
-    ``accel.policy.PolicyConfig``): every row's valid slots are a prefix, the host knows only the padded width, and
-    nothing may read the counts back during the scale — the engine runs the padded rectangle, the KV cache appends
-    the padded width and masks it (:meth:`~var_core.engine.kvcache.KVCache.resolve_lengths` reads the lengths of
-    every such block once, after the scale). Returns the mask."""
-    setattr(valid_Rn, _DEVICE_COUNTS, True)
+    ``accel.policy.PolicyConfig``): every row's valid slots are a prefix no longer than its host-known bound
+    (``bounds_R``, with ``bounds_dev`` the same on the mask's device; default: the mask's width), and nothing may
+    read the counts back during the scale. Packing runs each row's bound (:class:`RowPacking`), attention masks the
+    slots past each row's count, and the KV cache appends with host upper lengths
+    (:meth:`~var_core.engine.kvcache.KVCache.resolve_lengths` reads the true ones once, after the scale). Returns
+    the mask."""
+    R, n = valid_Rn.shape
+    bounds = tuple(int(b) for b in bounds_R) if bounds_R is not None else (n,) * R
+    if bounds_dev is None:
+        bounds_dev = torch.full((R,), n, dtype=torch.long, device=valid_Rn.device) if bounds_R is None else None
+    setattr(valid_Rn, _DEVICE_COUNTS, (bounds, bounds_dev))
     return valid_Rn
 
 
 def device_counts(valid_Rn: torch.Tensor | None) -> bool:
     """Whether :func:`mark_device_counts` marked this mask (its counts must not be read during the scale)."""
-    return valid_Rn is not None and getattr(valid_Rn, _DEVICE_COUNTS, False)
+    return valid_Rn is not None and getattr(valid_Rn, _DEVICE_COUNTS, None) is not None
+
+
+def count_bounds(valid_Rn: torch.Tensor | None) -> tuple[int, ...] | None:
+    """The host bounds of a :func:`mark_device_counts` mask's per-row counts (None: not such a mask)."""
+    marked = None if valid_Rn is None else getattr(valid_Rn, _DEVICE_COUNTS, None)
+    return None if marked is None else marked[0]
+
+
+def _bounds_on_device(valid_Rn: torch.Tensor) -> torch.Tensor:
+    bounds, bounds_dev = getattr(valid_Rn, _DEVICE_COUNTS)
+    if bounds_dev is None:
+        raise ValueError("mark_device_counts: per-row bounds need their device copy (bounds_dev)")
+    return bounds_dev
 
 
 def host_counts(valid_Rn: torch.Tensor | None) -> tuple[int, ...] | None:
@@ -81,6 +101,16 @@ class RowPacking:
     def __init__(self, keep_Rn: torch.Tensor, valid_Rn: torch.Tensor):
         R, n = valid_Rn.shape
         self.valid_Rn = valid_Rn
+        bounds = count_bounds(valid_Rn)
+        if bounds is not None:  # counts on the device: each row's bound runs (its prefix), nothing read back
+            self.total = sum(bounds)
+            in_bound = torch.arange(n, device=valid_Rn.device).view(1, n) < _bounds_on_device(valid_Rn).view(R, 1)
+            self._flat_valid = _valid_positions(in_bound.reshape(-1), self.total)
+            self._row_of_token = torch.div(self._flat_valid, n, rounding_mode="floor")
+            packed_pos = in_bound.reshape(-1).long().cumsum(0).view(R, n) - 1
+            # every slot past its row's count reads the output of the kept token it repeats (a valid slot)
+            self._source_Rn = packed_pos.gather(1, padding_sources(keep_Rn, valid_Rn))
+            return
         counts = host_counts(valid_Rn)
         if counts is not None:  # sizes known on the host: nothing read back
             self.total = sum(counts)
@@ -107,9 +137,9 @@ class RowPacking:
     @staticmethod
     def worthwhile(valid_Rn: torch.Tensor | None, min_saving: float = 0.1) -> bool:
         """Whether packing saves at least ``min_saving`` of the rows' tokens (it costs two copies of the data)."""
-        if valid_Rn is None or device_counts(valid_Rn):  # counts on the device: the padded rectangle, no read
+        if valid_Rn is None:
             return False
-        counts = host_counts(valid_Rn)
+        counts = count_bounds(valid_Rn) or host_counts(valid_Rn)  # counts on the device: their host bounds
         if counts is not None:  # the mask's mean from the host counts (in float64: exact where float32 rounds)
             return sum(counts) / valid_Rn.numel() <= 1.0 - min_saving
         return float(valid_Rn.float().mean()) <= 1.0 - min_saving

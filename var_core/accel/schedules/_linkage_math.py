@@ -72,20 +72,23 @@ def keep_from_ratio(ratio: torch.Tensor, num_tokens: int, ratio_is: str = "remov
 
 
 def linkage_keep_bound(ctx, signals: Signals, logit_centre_B: torch.Tensor, lam_total: float,
-                       ratio_is: str = "removed") -> int:
-    """Host-known upper bound of a linkage schedule's kept count at this scale (``count_sync='bounded'``).
+                       ratio_is: str = "removed", rows: int | None = None) -> tuple[int, ...]:
+    """Host-known upper bounds of a linkage schedule's kept counts at this scale, one per network row
+    (``count_sync='bounded'``; ``rows`` default ``B``; row ``r`` is sample ``r mod B``).
 
     The ratio is ``sigmoid(logit_centre − Σ λ·tanh(·))`` with every ``tanh`` in ``[−1, 1]``, so it lies in
-    ``sigmoid(logit_centre ± lam_total)`` whatever the entropies the scale will measure; the bound is the largest
-    kept count over that range and over the started samples (``N`` while a sample has not started: its rows run
-    dense), plus one token against rounding at a ceiling. ``logit_centre_B``: float64 ``[B]`` on the host, known
-    before the scale (τ·(t*+1)/t of NOVA's scale linkage, ``logit(r_base)`` of the layer linkage alone)."""
+    ``sigmoid(logit_centre ± lam_total)`` whatever the entropies the scale will measure; a sample's bound is the
+    largest kept count over that range plus one token against rounding at a ceiling, ``N`` while the sample has
+    not started (its rows run dense). ``logit_centre_B``: float64 ``[B]`` on the host, known before the scale
+    (``logit(r_t)`` of NOVA's scale linkage, ``logit(r_base)`` of the layer linkage alone)."""
     N = ctx.num_tokens
-    if not bool(started_B(ctx, signals).all()):
-        return N
     centre = logit_centre_B.double()
     extreme = torch.sigmoid(centre - lam_total) if ratio_is == "removed" else torch.sigmoid(centre + lam_total)
-    return min(int(keep_from_ratio(extreme, N, ratio_is).max()) + 1, N)
+    keep_B = (keep_from_ratio(extreme, N, ratio_is) + 1).clamp(max=N)
+    keep_B = torch.where(started_B(ctx, signals), keep_B, torch.full_like(keep_B, N))  # host data
+    per_sample = keep_B.tolist()
+    B = ctx.batch_size
+    return tuple(per_sample[r % B] for r in range(B if rows is None else rows))
 
 
 # ------------------------------------------------------------------------------------------------ per-sample plumbing

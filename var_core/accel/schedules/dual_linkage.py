@@ -82,7 +82,7 @@ class DualLinkage(LayerEntropyLinked, Schedule):
             return nova_scale_ratio(ctx.scale_index + 1, activation_scales(ctx, signals).double(), g_prev, cfg.tau,
                                     cfg.scale_lam, cfg.direction)
         r_t_B = per_scale(ctx, signals, ("dual_linkage.r_t", id(self)), host_ratio)
-        return linkage_keep_bound(ctx, signals, torch.logit(r_t_B.double()), cfg.layer_lam, cfg.ratio_is)
+        return linkage_keep_bound(ctx, signals, torch.logit(r_t_B.double()), cfg.layer_lam, cfg.ratio_is, rows)
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         if not bool(started_B(ctx, signals).any()):  # host data: nobody accelerated yet, dense

@@ -106,7 +106,7 @@ class LayerLinkage(LayerEntropyLinked, Schedule):
         if cfg.layer_profile or not 0.0 < base < 1.0:
             return None
         centre = torch.logit(torch.full((ctx.batch_size,), base, dtype=torch.float64))
-        return linkage_keep_bound(ctx, signals, centre, cfg.lam, cfg.ratio_is)
+        return linkage_keep_bound(ctx, signals, centre, cfg.lam, cfg.ratio_is, rows)
 
     def keep_counts(self, ctx, block, branch, scores_RN, signals):
         cfg = self.config
