@@ -33,15 +33,17 @@ def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fixture_dir):
     journal = out / "study.journal"
 
     def killable() -> bool:
-        """>= 1 trial complete and the next one in flight."""
+        """>= 1 trial complete and the next one in flight with its parameters drawn (killed between `ask` and the
+        first `suggest`, a trial has no parameters to re-queue: the full suite once hit that window under load)."""
         if not journal.is_file():
             return False
         try:
             study = load(make_storage(None, out), "ldpruning-flops-psnr")
         except Exception:  # noqa: BLE001 - not created yet
             return False
+        running = study.get_trials(states=(TrialState.RUNNING,))
         return (len(study.get_trials(states=(TrialState.COMPLETE,))) >= 1
-                and len(study.get_trials(states=(TrialState.RUNNING,))) >= 1)
+                and len(running) >= 1 and all(len(t.params) == 2 for t in running))
 
     try:
         assert wait_for(killable, timeout=400, proc=proc), proc.communicate()[0][-3000:]
