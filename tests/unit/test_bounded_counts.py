@@ -193,3 +193,33 @@ def test_nova_sample_alone_equals_sample_in_batch(model_name):
     assert all(torch.equal(a[0], b[1]) for a, b in zip(alone.tokens, batch.tokens))
     read = run(conditions, seeds, "per_block")
     assert all(torch.equal(a, b) for a, b in zip(read.tokens, batch.tokens))
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_bounded_flops_charge_the_padding_that_ran(testbed, batch):
+    """The bounded mode's FLOPs are what ran: a pruned block's MLP is charged for the bound's tokens (every row's
+    width at batch 1, the packed bounds at batch 8), not for the kept count — written out here from the testbed's
+    width C and MLP width 4C (two matrices, 2 FLOPs per multiply-add), so a counter that charged the valid tokens
+    (and hid the padding's cost) fails."""
+    from profilers.flops import arch_from_adapter, count_record_flops
+
+    result = _run(testbed, _nova("bounded"), batch_size=batch)
+    report = count_record_flops(arch_from_adapter(testbed), result.records, batch)
+    C = testbed.cfg.embed_dim
+    hidden = int(C * testbed.cfg.mlp_ratio)
+    checked = padded = 0
+    for record in result.records:
+        if not record.valid_tokens_R:
+            continue
+        for block, counts in enumerate(record.kept_tokens):
+            valid = record.valid_tokens_R[block][0]
+            if valid is None:
+                continue
+            packed = record.packed_tokens[block][0] if record.packed_tokens else None
+            ran = counts[0] * valid.numel() if packed is None else packed  # token rows the MLP ran on
+            ffn = sum(r.flops for r in report.rows
+                      if (r.scale, r.block, r.component) == (record.scale_index, block, "ffn"))
+            assert ffn == 2 * ran * C * hidden * 2, (record.scale_index, block)
+            checked += 1
+            padded += ran > int(valid.sum())
+    assert checked >= 8 and padded == checked
